@@ -101,6 +101,65 @@ def _parallel_calls(n: Any, what: str) -> None:
             raise InvalidArgumentError(f"{what} num_parallel_calls must be AUTOTUNE (-1) or 1 or more, got 0")
 
 
+def _first_dimension(structure: Any, sliced: bool) -> int | None:
+    """The first dimension every array of ``structure`` gives its elements (``sliced``: the
+    rows of its arrays are the elements), if they all agree; None if they do not, or if an
+    element is a scalar or a batch of bags (what ``unbatch`` counts by)."""
+    sizes: set[int] = set()
+
+    def visit(x: Any) -> bool:
+        if isinstance(x, dict):
+            return all(visit(v) for v in x.values())
+        if isinstance(x, tuple):
+            return all(visit(v) for v in x)
+        if not isinstance(x, np.ndarray) or x.ndim < (2 if sliced else 1):
+            return False
+        sizes.add(int(x.shape[1] if sliced else x.shape[0]))
+        return True
+
+    return sizes.pop() if visit(structure) and len(sizes) == 1 else None
+
+
+def _flatten_datasets(nest: Any, out: list[Dataset]) -> None:
+    """The datasets of a (nested) tuple or dict of them, in order, into ``out``."""
+    if isinstance(nest, Dataset):
+        out.append(nest)
+    elif isinstance(nest, dict):
+        for v in nest.values():
+            _flatten_datasets(v, out)
+    elif isinstance(nest, tuple):
+        for v in nest:
+            _flatten_datasets(v, out)
+    else:
+        raise InvalidArgumentError(f"not a Dataset: {type(nest).__name__}")
+
+
+def _packed(nest: Any, values: Iterator[Any]) -> Any:
+    """``values`` (one per dataset of ``nest``, in order) in ``nest``'s structure."""
+    if isinstance(nest, Dataset):
+        return next(values)
+    if isinstance(nest, dict):
+        return {k: _packed(v, values) for k, v in nest.items()}
+    return tuple(_packed(v, values) for v in nest)
+
+
+def _unique_key(element: Any) -> Any:
+    """What ``unique`` tells ``element`` apart by: its shape and values (bytes as given:
+    numpy drops their trailing NULs)."""
+    if isinstance(element, bytes):
+        return element
+    if isinstance(element, (tuple, dict)):
+        raise InvalidArgumentError("unique takes elements of one component (as TF's), got a tuple or dict")
+    arr = np.asarray(element)
+    if arr.dtype.kind in "iu":
+        return (arr.shape, arr.dtype.str, arr.tobytes())
+    if arr.dtype.kind in "US" or (arr.dtype == object and all(isinstance(x, bytes) for x in arr.flat)):
+        return (arr.shape, tuple(arr.flat))
+    raise InvalidArgumentError(
+        f"unique: elements must be integers or strings (as TF's), got {arr.dtype} of shape {arr.shape}"
+    )
+
+
 def _callable(fn: Any, what: str) -> None:
     if not callable(fn):
         raise InvalidArgumentError(f"{what} takes a function, got {type(fn).__name__}")
@@ -165,6 +224,7 @@ class Dataset:
         spec: Any = None,
         partial_batch: bool = False,
         cardinality: int = UNKNOWN_CARDINALITY,
+        rows: int | None = None,
     ) -> None:
         self._make = make
         self._source = source  # slices mode: the arrays...
@@ -172,6 +232,7 @@ class Dataset:
         self._spec = spec  # a declared element_spec (from_generator's signature)
         self._partial_batch = partial_batch  # batched without drop_remainder
         self._cardinality = cardinality  # its elements, as TF counts them
+        self._rows = rows  # every element's first dimension, if known without iterating
         # a dataset ending in map and filter steps: the dataset before them, and each step
         # (``ignore_errors`` runs them again, an element at a time, dropping those that raise)
         self._steps: tuple[Dataset, tuple[tuple[str, Callable[..., Any]], ...]] | None = None
@@ -232,6 +293,7 @@ class Dataset:
             source=source,
             indices=indices,
             cardinality=cardinality,
+            rows=_first_dimension(source, sliced=True),
         )
 
     @staticmethod
@@ -302,7 +364,7 @@ class Dataset:
     def from_tensors(tensors: Any) -> Dataset:
         """One element: ``tensors`` (an array, or a tuple or dict of them) whole."""
         element = to_arrays(tensors)
-        return Dataset(lambda: iter((element,)), cardinality=1)
+        return Dataset(lambda: iter((element,)), cardinality=1, rows=_first_dimension(element, sliced=False))
 
     @staticmethod
     def from_generator(
@@ -345,7 +407,11 @@ class Dataset:
         if self._indices is not None and index_op is not None:
             return Dataset._slices(self._source, index_op(self._indices), cardinality)
         return Dataset(
-            elem_op(self._make), spec=self._spec, partial_batch=self._partial_batch, cardinality=cardinality
+            elem_op(self._make),
+            spec=self._spec,
+            partial_batch=self._partial_batch,
+            cardinality=cardinality,
+            rows=self._rows,
         )
 
     def map(
@@ -489,6 +555,7 @@ class Dataset:
                 gather,
                 partial_batch=not drop_remainder,
                 cardinality=_batch_count(self._cardinality, batch_size, drop_remainder),
+                rows=batch_size if drop_remainder else None,
             )
         return self._chunked(batch_size, drop_remainder, stack)
 
@@ -558,7 +625,9 @@ class Dataset:
                 yield combine(chunk)
 
         count = _batch_count(self._cardinality, size, drop_remainder)
-        return Dataset(run, partial_batch=not drop_remainder, cardinality=count)
+        return Dataset(
+            run, partial_batch=not drop_remainder, cardinality=count, rows=size if drop_remainder else None
+        )
 
     def interleave(
         self,
@@ -718,20 +787,14 @@ class Dataset:
         return Dataset(run, cardinality=self._cardinality)
 
     def unique(self, name: str | None = None) -> Dataset:
-        """Each distinct element once, in the order first seen (scalars of integers or
-        strings, as TF's)."""
+        """Each distinct element once, in the order first seen: elements of one component,
+        integers or strings of any shape (equal in shape and values), as TF's."""
         make = self._make
 
         def run() -> Iterator[Any]:
             seen: set[Any] = set()
             for e in make():
-                arr = np.asarray(e)
-                if arr.ndim != 0 or arr.dtype.kind not in "iuUSb":
-                    raise InvalidArgumentError(
-                        "unique: elements must be scalars of integers or strings, "
-                        f"got {arr.dtype} of shape {arr.shape}"
-                    )
-                key = arr.item()
+                key = _unique_key(e)
                 if key not in seen:
                     seen.add(key)
                     yield e
@@ -814,8 +877,10 @@ class Dataset:
 
     def rebatch(self, batch_size: int, drop_remainder: bool = False, name: str | None = None) -> Dataset:
         """The elements of the batches again in batches of ``batch_size`` (TF's: ``unbatch``
-        then ``batch``)."""
-        return self.unbatch().batch(batch_size, drop_remainder=drop_remainder)
+        then ``batch``; its cardinality unknown, as TF's)."""
+        out = self.unbatch().batch(batch_size, drop_remainder=drop_remainder)
+        out._cardinality = UNKNOWN_CARDINALITY  # noqa: SLF001 - this class's own
+        return out
 
     def window(
         self,
@@ -987,9 +1052,14 @@ class Dataset:
 
     def unbatch(self) -> Dataset:
         """Each element split along its first dimension into as many elements (tuples and
-        dicts component-wise, which must agree on it); the inverse of ``batch``."""
+        dicts component-wise, which must agree on it); the inverse of ``batch``. Its
+        cardinality is known when that dimension is (a batch with ``drop_remainder``, rows
+        of arrays sliced or given whole), as TF's; after a ``map`` it is not (TF's knows the
+        function's output shapes, pstrain only by running it)."""
         make = self._make
-        return Dataset(lambda: (row for e in make() for row in rows_of(e)))
+        n, rows = self._cardinality, self._rows
+        count = n if n < 0 else (n * rows if rows is not None else UNKNOWN_CARDINALITY)
+        return Dataset(lambda: (row for e in make() for row in rows_of(e)), cardinality=count)
 
     def flat_map(self, map_func: Callable[..., Dataset]) -> Dataset:
         """The elements of the datasets ``map_func`` returns for each element, in order."""
@@ -1027,26 +1097,29 @@ class Dataset:
             both = INFINITE_CARDINALITY
         else:
             both = UNKNOWN_CARDINALITY if UNKNOWN_CARDINALITY in (n1, n2) else n1 + n2
-        return Dataset(run, cardinality=both)
+        rows = self._rows if self._rows == dataset._rows else None
+        return Dataset(run, cardinality=both, rows=rows)
 
     @staticmethod
     def zip(*datasets: Any) -> Dataset:
-        """Elements side by side, until the shortest ends: ``Dataset.zip((a, b))`` (or
-        ``Dataset.zip(a, b)``) gives tuples, ``Dataset.zip({"x": a, "y": b})`` dicts."""
+        """Elements side by side, until the shortest ends, in the structure the datasets are
+        given in, nested too, as TF's: ``Dataset.zip((a, b))`` (or ``Dataset.zip(a, b)``)
+        gives tuples, ``Dataset.zip({"x": a, "y": (b, c)})`` dicts of them, ``Dataset.zip(a)``
+        ``a``'s elements."""
         nest: Any = datasets[0] if len(datasets) == 1 else datasets
-        if isinstance(nest, Dataset):
-            nest = (nest,)
-        parts = (
-            list(nest.values()) if isinstance(nest, dict) else list(nest) if isinstance(nest, tuple) else None
-        )
-        if not parts or not all(isinstance(d, Dataset) for d in parts):
+        parts: list[Dataset] = []
+        try:
+            _flatten_datasets(nest, parts)
+        except InvalidArgumentError:
             raise InvalidArgumentError(
-                "Dataset.zip takes Datasets: a tuple or dict of them, or several as arguments"
-            )
+                "Dataset.zip takes Datasets: a (nested) tuple or dict of them, or several as arguments"
+            ) from None
+        if not parts:
+            raise InvalidArgumentError("Dataset.zip takes at least one Dataset")
 
         def run() -> Iterator[Any]:
             for row in zip(*(iter(d) for d in parts)):
-                yield dict(zip(nest, row)) if isinstance(nest, dict) else tuple(row)
+                yield _packed(nest, iter(row))
 
         sizes = [int(d.cardinality()) for d in parts]
         if UNKNOWN_CARDINALITY in sizes:
@@ -1077,7 +1150,13 @@ class Dataset:
             if not done:
                 done.append(kept)
 
-        return Dataset(run, spec=self._spec, partial_batch=self._partial_batch, cardinality=self._cardinality)
+        return Dataset(
+            run,
+            spec=self._spec,
+            partial_batch=self._partial_batch,
+            cardinality=self._cardinality,
+            rows=self._rows,
+        )
 
     def apply(self, transformation_func: Callable[[Dataset], Dataset]) -> Dataset:
         """``transformation_func(self)``, as TF's."""
@@ -1130,7 +1209,13 @@ class Dataset:
             finally:
                 stop.set()
 
-        return Dataset(run, spec=self._spec, partial_batch=self._partial_batch, cardinality=self._cardinality)
+        return Dataset(
+            run,
+            spec=self._spec,
+            partial_batch=self._partial_batch,
+            cardinality=self._cardinality,
+            rows=self._rows,
+        )
 
 
 expose(globals(), "pstrain.data")

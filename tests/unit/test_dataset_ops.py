@@ -156,6 +156,16 @@ def test_enumerate_zip_and_concatenate():
         list(a.concatenate(b))
     with pytest.raises(InvalidArgumentError, match="Dataset.zip takes Datasets"):
         Dataset.zip((a, [1, 2]))
+    with pytest.raises(InvalidArgumentError, match="at least one Dataset"):
+        Dataset.zip(())
+    # nested structures, and a dataset alone, as TF 2.21's
+    c = Dataset.range(20, 22)
+    nested = [(int(x), (float(y), int(z))) for x, (y, z) in Dataset.zip((a, (b, c)))]
+    assert nested == [(0, (7.0, 20)), (1, (8.0, 21))]
+    assert Dataset.zip({"x": a, "y": (b, {"z": c})}).cardinality() == 2
+    (first, _) = Dataset.zip({"x": a, "y": (b, {"z": c})})
+    assert int(first["x"]) == 0 and float(first["y"][0]) == 7.0 and int(first["y"][1]["z"]) == 20
+    assert [int(x) for x in Dataset.zip(a)] == [int(x) for x in a]
     with pytest.raises(InvalidArgumentError, match="concatenate takes a Dataset"):
         a.concatenate([1])
 
@@ -252,6 +262,20 @@ def test_cardinality_follows_tfs_rules_and_len_refuses_what_it_cannot_know():
         (Dataset.zip(ds, gen), UNKNOWN_CARDINALITY),
         (ds.flat_map(lambda x: Dataset.range(2)), UNKNOWN_CARDINALITY),
         (ds.batch(2).unbatch(), UNKNOWN_CARDINALITY),
+        # unbatch knows its count when every batch's size is known (TF 2.21's on the same)
+        (ds.batch(3, drop_remainder=True).unbatch(), 9),
+        (ds.batch(3, drop_remainder=True).shuffle(3).take(2).cache().prefetch(1).unbatch(), 6),
+        (
+            ds.batch(3, drop_remainder=True)
+            .concatenate(Dataset.range(4).batch(3, drop_remainder=True))
+            .unbatch(),
+            12,
+        ),
+        (Dataset.from_tensor_slices(np.zeros((4, 3, 2))).unbatch(), 12),
+        (Dataset.from_tensors(np.zeros((5, 2))).unbatch(), 5),
+        (ds.batch(2).repeat().unbatch(), INFINITE_CARDINALITY),
+        (ds.batch(3, drop_remainder=True).map(lambda x: x).unbatch(), UNKNOWN_CARDINALITY),
+        (ds.batch(4, drop_remainder=True).rebatch(2, drop_remainder=True), UNKNOWN_CARDINALITY),
     ]
     for dataset, want in cases:
         assert dataset.cardinality() == want
@@ -467,8 +491,17 @@ def test_take_while_scan_and_unique_give_tfs_elements():
     scanned = Dataset.range(5).scan(np.int64(10), lambda s, x: (s + x, s * 2))
     assert [int(x) for x in scanned] == [20, 20, 22, 26, 32]
     assert [int(x) for x in Dataset.from_tensor_slices(np.array([3, 1, 3, 2, 1, 5])).unique()] == [3, 1, 2, 5]
-    with pytest.raises(InvalidArgumentError, match="unique: elements must be scalars"):
+    rows = Dataset.from_tensor_slices(np.array([[1, 2], [1, 2], [3, 4], [1, 3]])).unique()
+    assert [r.tolist() for r in rows] == [[1, 2], [3, 4], [1, 3]]  # (any shape, equal in it)
+    bags = [np.array([1, 2]), np.array([1]), np.array([1, 2]), np.array([1])]
+    varying = Dataset.from_generator(lambda: iter(bags), output_signature=TensorSpec((None,), np.int64))
+    assert [r.tolist() for r in varying.unique()] == [[1, 2], [1]]
+    records = Dataset.from_generator(lambda: iter([b"a", b"a\x00", b"a"])).unique()
+    assert list(records) == [b"a", b"a\x00"]  # (numpy's bytes would drop the NUL)
+    with pytest.raises(InvalidArgumentError, match="unique: elements must be integers or strings"):
         list(Dataset.from_tensor_slices(np.ones((2, 2))).unique())
+    with pytest.raises(InvalidArgumentError, match="unique takes elements of one component"):
+        list(Dataset.from_tensor_slices((np.array([1, 1]), np.array([5, 5]))).unique())
     with pytest.raises(InvalidArgumentError, match="scan_func must return"):
         list(Dataset.range(2).scan(0, lambda s, x: s))
     with pytest.raises(InvalidArgumentError, match="take_while: the predicate must return a scalar bool"):
