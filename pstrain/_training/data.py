@@ -120,6 +120,28 @@ def _first_dimension(structure: Any, sliced: bool) -> int | None:
     return sizes.pop() if visit(structure) and len(sizes) == 1 else None
 
 
+class _OneStructure:
+    """Checks that the datasets an operation draws from give elements of one structure and
+    dtypes (TF's "compatible element specs"), each dataset on its first element."""
+
+    def __init__(self, what: str, count: int) -> None:
+        self.what, self.unchecked = what, set(range(count))
+        self.first: tuple[int, Any] | None = None
+
+    def check(self, k: int, element: Any) -> None:
+        if k not in self.unchecked:
+            return
+        self.unchecked.discard(k)
+        got = structure_of(element)
+        if self.first is None:
+            self.first = (k, got)
+        elif got != self.first[1]:
+            raise InvalidArgumentError(
+                f"{self.what}: dataset {k}'s elements ({got}) are not of the structure and dtypes "
+                f"of dataset {self.first[0]}'s ({self.first[1]}), as TF requires"
+            )
+
+
 def _flatten_datasets(nest: Any, out: list[Dataset]) -> None:
     """The datasets of a (nested) tuple or dict of them, in order, into ``out``."""
     if isinstance(nest, Dataset):
@@ -824,6 +846,7 @@ class Dataset:
             rng = np.random.default_rng(seed)
             its = [iter(d) for d in parts]
             live = w.copy()
+            same = _OneStructure("sample_from_datasets", len(parts))
             while live.sum() > 0:
                 k = int(rng.choice(len(its), p=live / live.sum()))
                 e = next(its[k], _END)
@@ -832,6 +855,7 @@ class Dataset:
                         return
                     live[k] = 0.0
                     continue
+                same.check(k, e)
                 yield e
 
         return Dataset(run)
@@ -851,6 +875,7 @@ class Dataset:
 
         def run() -> Iterator[Any]:
             its = [iter(d) for d in parts]
+            same = _OneStructure("choose_from_datasets", len(parts))
             for c in choice_dataset:
                 arr = np.asarray(c)
                 if arr.ndim != 0 or arr.dtype.kind not in "iu" or not 0 <= int(arr) < len(its):
@@ -863,6 +888,7 @@ class Dataset:
                     if stop_on_empty_dataset:
                         return
                     continue
+                same.check(int(arr), e)
                 yield e
 
         return Dataset(run)

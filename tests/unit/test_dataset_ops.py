@@ -522,6 +522,19 @@ def test_choose_from_datasets_as_tf_stopping_or_not_on_an_empty_one():
     ]
     with pytest.raises(InvalidArgumentError, match=r"a choice must be an integer scalar in \[0, 2\)"):
         list(Dataset.choose_from_datasets(parts, Dataset.from_tensor_slices(np.array([2]))))
+    # datasets of other structures or dtypes are refused, as TF's (they were mixed)
+    pairs = Dataset.range(3).map(lambda x: (x, x))
+    with pytest.raises(InvalidArgumentError, match="dataset 1's elements .* are not of the structure"):
+        list(
+            Dataset.choose_from_datasets(
+                [pairs, Dataset.range(3)], Dataset.from_tensor_slices(np.array([0, 1]))
+            )
+        )
+    floats = Dataset.range(3).map(lambda x: np.float32(x))
+    with pytest.raises(
+        InvalidArgumentError, match=r"sample_from_datasets: dataset \d's elements .* not of the"
+    ):
+        list(Dataset.sample_from_datasets([Dataset.range(3), floats], seed=1))
 
 
 def test_sample_from_datasets_draws_by_weight_and_runs_every_one_out():
