@@ -208,16 +208,19 @@ def rows_of(element: Any) -> Iterator[Any]:
 
 
 def structure_of(element: Any) -> Any:
-    """What two datasets' elements must share to follow one another (``concatenate``): the
-    nesting, dict keys, and each array's dtype and dimensions past the first."""
+    """What two datasets' elements must share to follow one another or mix (``concatenate``,
+    ``choose_from_datasets``): the nesting, dict keys, and each component's dtype (strings
+    as one), as TF's compatible element specs; shapes may differ, as TF's may."""
     if isinstance(element, dict):
-        return ("dict", tuple((k, structure_of(v)) for k, v in element.items()))
+        return {k: structure_of(v) for k, v in element.items()}
     if isinstance(element, tuple):
-        return ("tuple", tuple(structure_of(v) for v in element))
+        return tuple(structure_of(v) for v in element)
     if is_jagged(element):
-        return (type(element).__name__,)
+        return type(element).__name__
+    if isinstance(element, (bytes, str)):
+        return "string"
     arr = np.asarray(element)
-    return (arr.dtype.kind, arr.ndim)
+    return "string" if arr.dtype.kind in "USO" else arr.dtype.name
 
 
 def padded(elements: list[Any], shapes: Any, values: Any) -> Any:
