@@ -420,6 +420,17 @@ class Dataset:
         return Dataset(run, spec=output_signature)
 
     # -- transformations -----------------------------------------------------------------------
+    def _same_elements(self, make: Callable[[], Iterator[Any]]) -> Dataset:
+        """A dataset of this one's elements, as this one knows them, made by ``make``
+        (``cache``, ``prefetch``)."""
+        return Dataset(
+            make,
+            spec=self._spec,
+            partial_batch=self._partial_batch,
+            cardinality=self._cardinality,
+            rows=self._rows,
+        )
+
     def _derive(
         self,
         index_op: Callable[[Blocks], Blocks] | None,
@@ -1176,13 +1187,7 @@ class Dataset:
             if not done:
                 done.append(kept)
 
-        return Dataset(
-            run,
-            spec=self._spec,
-            partial_batch=self._partial_batch,
-            cardinality=self._cardinality,
-            rows=self._rows,
-        )
+        return self._same_elements(run)
 
     def apply(self, transformation_func: Callable[[Dataset], Dataset]) -> Dataset:
         """``transformation_func(self)``, as TF's."""
@@ -1235,13 +1240,7 @@ class Dataset:
             finally:
                 stop.set()
 
-        return Dataset(
-            run,
-            spec=self._spec,
-            partial_batch=self._partial_batch,
-            cardinality=self._cardinality,
-            rows=self._rows,
-        )
+        return self._same_elements(run)
 
 
 expose(globals(), "pstrain.data")
