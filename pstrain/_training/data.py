@@ -43,7 +43,20 @@ from .._base.checks import whole
 from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
 from . import row_indices
-from .elements import leaves_len, padded, ragged, rows_of, sparse, stack, structure_of, take, to_arrays
+from .elements import (
+    OneStructure,
+    first_dimension,
+    leaves_len,
+    padded,
+    ragged,
+    rows_of,
+    sparse,
+    stack,
+    structure_of,
+    take,
+    to_arrays,
+    unique_key,
+)
 from .row_indices import Blocks
 from .specs import TensorSpec, conforming, signature, spec_of
 
@@ -101,47 +114,6 @@ def _parallel_calls(n: Any, what: str) -> None:
             raise InvalidArgumentError(f"{what} num_parallel_calls must be AUTOTUNE (-1) or 1 or more, got 0")
 
 
-def _first_dimension(structure: Any, sliced: bool) -> int | None:
-    """The first dimension every array of ``structure`` gives its elements (``sliced``: the
-    rows of its arrays are the elements), if they all agree; None if they do not, or if an
-    element is a scalar or a batch of bags (what ``unbatch`` counts by)."""
-    sizes: set[int] = set()
-
-    def visit(x: Any) -> bool:
-        if isinstance(x, dict):
-            return all(visit(v) for v in x.values())
-        if isinstance(x, tuple):
-            return all(visit(v) for v in x)
-        if not isinstance(x, np.ndarray) or x.ndim < (2 if sliced else 1):
-            return False
-        sizes.add(int(x.shape[1] if sliced else x.shape[0]))
-        return True
-
-    return sizes.pop() if visit(structure) and len(sizes) == 1 else None
-
-
-class _OneStructure:
-    """Checks that the datasets an operation draws from give elements of one structure and
-    dtypes (TF's "compatible element specs"), each dataset on its first element."""
-
-    def __init__(self, what: str, count: int) -> None:
-        self.what, self.unchecked = what, set(range(count))
-        self.first: tuple[int, Any] | None = None
-
-    def check(self, k: int, element: Any) -> None:
-        if k not in self.unchecked:
-            return
-        self.unchecked.discard(k)
-        got = structure_of(element)
-        if self.first is None:
-            self.first = (k, got)
-        elif got != self.first[1]:
-            raise InvalidArgumentError(
-                f"{self.what}: dataset {k}'s elements ({got}) are not of the structure and dtypes "
-                f"of dataset {self.first[0]}'s ({self.first[1]}), as TF requires"
-            )
-
-
 def _flatten_datasets(nest: Any, out: list[Dataset]) -> None:
     """The datasets of a (nested) tuple or dict of them, in order, into ``out``."""
     if isinstance(nest, Dataset):
@@ -163,23 +135,6 @@ def _packed(nest: Any, values: Iterator[Any]) -> Any:
     if isinstance(nest, dict):
         return {k: _packed(v, values) for k, v in nest.items()}
     return tuple(_packed(v, values) for v in nest)
-
-
-def _unique_key(element: Any) -> Any:
-    """What ``unique`` tells ``element`` apart by: its shape and values (bytes as given:
-    numpy drops their trailing NULs)."""
-    if isinstance(element, bytes):
-        return element
-    if isinstance(element, (tuple, dict)):
-        raise InvalidArgumentError("unique takes elements of one component (as TF's), got a tuple or dict")
-    arr = np.asarray(element)
-    if arr.dtype.kind in "iu":
-        return (arr.shape, arr.dtype.str, arr.tobytes())
-    if arr.dtype.kind in "US" or (arr.dtype == object and all(isinstance(x, bytes) for x in arr.flat)):
-        return (arr.shape, tuple(arr.flat))
-    raise InvalidArgumentError(
-        f"unique: elements must be integers or strings (as TF's), got {arr.dtype} of shape {arr.shape}"
-    )
 
 
 def _callable(fn: Any, what: str) -> None:
@@ -315,7 +270,7 @@ class Dataset:
             source=source,
             indices=indices,
             cardinality=cardinality,
-            rows=_first_dimension(source, sliced=True),
+            rows=first_dimension(source, sliced=True),
         )
 
     @staticmethod
@@ -386,7 +341,7 @@ class Dataset:
     def from_tensors(tensors: Any) -> Dataset:
         """One element: ``tensors`` (an array, or a tuple or dict of them) whole."""
         element = to_arrays(tensors)
-        return Dataset(lambda: iter((element,)), cardinality=1, rows=_first_dimension(element, sliced=False))
+        return Dataset(lambda: iter((element,)), cardinality=1, rows=first_dimension(element, sliced=False))
 
     @staticmethod
     def from_generator(
@@ -420,14 +375,14 @@ class Dataset:
         return Dataset(run, spec=output_signature)
 
     # -- transformations -----------------------------------------------------------------------
-    def _same_elements(self, make: Callable[[], Iterator[Any]]) -> Dataset:
-        """A dataset of this one's elements, as this one knows them, made by ``make``
-        (``cache``, ``prefetch``)."""
+    def _same_elements(self, make: Callable[[], Iterator[Any]], cardinality: int | None = None) -> Dataset:
+        """A dataset of elements as this one's (their spec and first dimension), made by
+        ``make``; as many as this one's unless ``cardinality`` says otherwise."""
         return Dataset(
             make,
             spec=self._spec,
             partial_batch=self._partial_batch,
-            cardinality=self._cardinality,
+            cardinality=self._cardinality if cardinality is None else cardinality,
             rows=self._rows,
         )
 
@@ -439,13 +394,7 @@ class Dataset:
     ) -> Dataset:
         if self._indices is not None and index_op is not None:
             return Dataset._slices(self._source, index_op(self._indices), cardinality)
-        return Dataset(
-            elem_op(self._make),
-            spec=self._spec,
-            partial_batch=self._partial_batch,
-            cardinality=cardinality,
-            rows=self._rows,
-        )
+        return self._same_elements(elem_op(self._make), cardinality)
 
     def map(
         self,
@@ -827,7 +776,7 @@ class Dataset:
         def run() -> Iterator[Any]:
             seen: set[Any] = set()
             for e in make():
-                key = _unique_key(e)
+                key = unique_key(e)
                 if key not in seen:
                     seen.add(key)
                     yield e
@@ -857,7 +806,7 @@ class Dataset:
             rng = np.random.default_rng(seed)
             its = [iter(d) for d in parts]
             live = w.copy()
-            same = _OneStructure("sample_from_datasets", len(parts))
+            same = OneStructure("sample_from_datasets", len(parts))
             while live.sum() > 0:
                 k = int(rng.choice(len(its), p=live / live.sum()))
                 e = next(its[k], _END)
@@ -886,7 +835,7 @@ class Dataset:
 
         def run() -> Iterator[Any]:
             its = [iter(d) for d in parts]
-            same = _OneStructure("choose_from_datasets", len(parts))
+            same = OneStructure("choose_from_datasets", len(parts))
             for c in choice_dataset:
                 arr = np.asarray(c)
                 if arr.ndim != 0 or arr.dtype.kind not in "iu" or not 0 <= int(arr) < len(its):

@@ -17,6 +17,8 @@ __all__ = [
     "BAGS",
     "COMPONENT_CONVERTERS",
     "SPARSE",
+    "OneStructure",
+    "first_dimension",
     "is_jagged",
     "leaves_len",
     "padded",
@@ -27,6 +29,7 @@ __all__ = [
     "structure_of",
     "take",
     "to_arrays",
+    "unique_key",
 ]
 
 
@@ -221,6 +224,64 @@ def structure_of(element: Any) -> Any:
         return "string"
     arr = np.asarray(element)
     return "string" if arr.dtype.kind in "USO" else arr.dtype.name
+
+
+class OneStructure:
+    """Checks that the datasets an operation draws from give elements of one structure and
+    dtypes (TF's "compatible element specs"), each dataset on its first element."""
+
+    def __init__(self, what: str, count: int) -> None:
+        self.what, self.unchecked = what, set(range(count))
+        self.first: tuple[int, Any] | None = None
+
+    def check(self, k: int, element: Any) -> None:
+        if k not in self.unchecked:
+            return
+        self.unchecked.discard(k)
+        got = structure_of(element)
+        if self.first is None:
+            self.first = (k, got)
+        elif got != self.first[1]:
+            raise InvalidArgumentError(
+                f"{self.what}: dataset {k}'s elements ({got}) are not of the structure and dtypes "
+                f"of dataset {self.first[0]}'s ({self.first[1]}), as TF requires"
+            )
+
+
+def first_dimension(structure: Any, sliced: bool) -> int | None:
+    """The first dimension every array of ``structure`` gives its elements (``sliced``: the
+    rows of its arrays are the elements), if they all agree; None if they do not, or if an
+    element is a scalar or a batch of bags (what ``unbatch`` counts by)."""
+    sizes: set[int] = set()
+
+    def visit(x: Any) -> bool:
+        if isinstance(x, dict):
+            return all(visit(v) for v in x.values())
+        if isinstance(x, tuple):
+            return all(visit(v) for v in x)
+        if not isinstance(x, np.ndarray) or x.ndim < (2 if sliced else 1):
+            return False
+        sizes.add(int(x.shape[1] if sliced else x.shape[0]))
+        return True
+
+    return sizes.pop() if visit(structure) and len(sizes) == 1 else None
+
+
+def unique_key(element: Any) -> Any:
+    """What ``unique`` tells ``element`` apart by: its shape and values (bytes as given:
+    numpy drops their trailing NULs)."""
+    if isinstance(element, bytes):
+        return element
+    if isinstance(element, (tuple, dict)):
+        raise InvalidArgumentError("unique takes elements of one component (as TF's), got a tuple or dict")
+    arr = np.asarray(element)
+    if arr.dtype.kind in "iu":
+        return (arr.shape, arr.dtype.str, arr.tobytes())
+    if arr.dtype.kind in "US" or (arr.dtype == object and all(isinstance(x, bytes) for x in arr.flat)):
+        return (arr.shape, tuple(arr.flat))
+    raise InvalidArgumentError(
+        f"unique: elements must be integers or strings (as TF's), got {arr.dtype} of shape {arr.shape}"
+    )
 
 
 def padded(elements: list[Any], shapes: Any, values: Any) -> Any:
