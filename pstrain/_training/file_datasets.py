@@ -76,8 +76,9 @@ class _FileDataset(Dataset):
 
 class TextLineDataset(_FileDataset):
     """The lines of ``filenames`` (a path, or a list, array or dataset of paths), as TF's
-    ``tf.data.TextLineDataset``: each line an element of bytes without its ``\\n`` or
-    ``\\r\\n`` (a batch of them an array of objects, as TF's numpy values are); an empty
+    ``tf.data.TextLineDataset``: each line an element of bytes without its ``\\n`` and
+    without any ``\\r`` (TF's reader drops every one of a line, not only one before the
+    ``\\n``; a batch of lines is an array of objects, as TF's numpy values are); an empty
     line is an empty element, a last line without a line ending an element too.
     ``compression_type`` is ``None`` (or ``""``), ``"GZIP"`` or ``"ZLIB"``; ``buffer_size``
     the bytes read at a time; ``num_parallel_reads`` (or ``AUTOTUNE``: this machine's cores)
@@ -236,8 +237,9 @@ class _Inflated:
 
 
 def _split(chunks: Iterator[bytes]) -> Iterator[bytes]:
-    """Lines of a stream of chunks, without ``\\n`` or ``\\r\\n``; a last line without a line
-    ending too (nothing after a last ``\\n``). A line longer than a chunk is joined once."""
+    """Lines of a stream of chunks, without ``\\n`` and without any ``\\r`` (as TF's
+    ``BufferedInputStream::ReadLine``); a last line without a line ending too, unless it is
+    empty then. A line longer than a chunk is joined once."""
     pending: list[bytes] = []  # the start of a line that did not end in its chunk
     for chunk in chunks:
         start = 0
@@ -246,13 +248,13 @@ def _split(chunks: Iterator[bytes]) -> Iterator[bytes]:
             if pending:
                 line = b"".join([*pending, line])
                 pending = []
-            yield line[:-1] if line.endswith(b"\r") else line
+            yield line.replace(b"\r", b"")
             start = end + 1
         if start < len(chunk):
             pending.append(chunk[start:])
-    if pending:
-        line = b"".join(pending)
-        yield line[:-1] if line.endswith(b"\r") else line
+    last = b"".join(pending).replace(b"\r", b"")
+    if last:  # (a last line of nothing but \r is no line, as in TF)
+        yield last
 
 
 #: A record's header: its length (8 bytes), then the masked CRC-32C of those 8 bytes.

@@ -81,3 +81,22 @@ def test_what_cannot_be_read_is_refused_by_name(files):
             TextLineDataset(str(files / "a.txt"), **kwargs)
     with pytest.raises(InvalidArgumentError, match="filenames must be paths"):
         TextLineDataset([3])
+
+
+@pytest.mark.parametrize("compression", [None, "GZIP", "ZLIB"])
+def test_every_carriage_return_of_a_line_is_dropped_as_tensorflows_reader_drops_it(tmp_path, compression):
+    """TF's reader (``BufferedInputStream::ReadLine``) drops every ``\\r`` of a line, not
+    only one before its ``\\n``, and a last line of nothing but ``\\r`` is no line: lines
+    read off TensorFlow 2.21 on the same bytes, read here a byte to three at a time (the
+    ``\\r`` of a line kept, but the one before the ``\\n``, before)."""
+    data = b"a\rb\r\n\xff\x00\r\x00a\r\xff \n\ra\x00\r\r\n\r\r\n\n b\r"
+    want = [b"ab", b"\xff\x00\x00a\xff ", b"a\x00", b"", b"", b" b"]
+    raw = {None: data, "GZIP": gzip.compress(data), "ZLIB": zlib.compress(data)}[compression]
+    path = tmp_path / "lines"
+    path.write_bytes(raw)
+    for buffer_size in (1, 2, 3, 1 << 16):
+        assert list(TextLineDataset(str(path), compression, buffer_size=buffer_size)) == want
+    path.write_bytes(
+        {None: b"x\n\r\r", "GZIP": gzip.compress(b"x\n\r\r"), "ZLIB": zlib.compress(b"x\n\r\r")}[compression]
+    )
+    assert list(TextLineDataset(str(path), compression)) == [b"x"]
