@@ -17,7 +17,7 @@ import gzip
 import os
 import zlib
 from collections.abc import Callable, Iterator
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 import numpy as np
 
@@ -35,13 +35,19 @@ DEFAULT_BUFFER = 256 << 10
 _COMPRESSIONS = (None, "", "GZIP", "ZLIB")
 
 
+class _Stream(Protocol):
+    """What a file's elements are read from: the file, or its data inflated."""
+
+    def read(self, n: int, /) -> bytes: ...
+
+
 class _FileDataset(Dataset):
     """The elements :meth:`_elements` gives of each of ``filenames``, with TF's arguments of
     its file datasets (the subclasses' docstrings say them)."""
 
     kind = ""
     #: Each element of one file (its stream, its name, the bytes to read at a time).
-    _elements: Callable[[BinaryIO, str, int], Iterator[bytes]]
+    _elements: Callable[[_Stream, str, int], Iterator[bytes]]
 
     def __init__(
         self,
@@ -88,7 +94,7 @@ class TextLineDataset(_FileDataset):
     kind = "TextLineDataset"
 
     @staticmethod
-    def _elements(f: BinaryIO, path: str, buffer: int) -> Iterator[bytes]:
+    def _elements(f: _Stream, path: str, buffer: int) -> Iterator[bytes]:
         return _split(iter(lambda: f.read(buffer), b""))
 
 
@@ -104,7 +110,7 @@ class TFRecordDataset(_FileDataset):
     kind = "TFRecordDataset"
 
     @staticmethod
-    def _elements(f: BinaryIO, path: str, buffer: int) -> Iterator[bytes]:
+    def _elements(f: _Stream, path: str, buffer: int) -> Iterator[bytes]:
         return _records(f, path, buffer)
 
 
@@ -197,7 +203,7 @@ def _read(
     path: str,
     compression: str | None,
     buffer: int,
-    read: Callable[[BinaryIO, str, int], Iterator[bytes]],
+    read: Callable[[_Stream, str, int], Iterator[bytes]],
     kind: str,
 ) -> Iterator[bytes]:
     """``read``'s elements of file ``path``, decompressed as ``compression`` says."""
@@ -211,29 +217,60 @@ def _read(
         if compression is None:
             yield from read(raw, path, buffer)
             return
-        stream: Any = gzip.GzipFile(fileobj=raw) if compression == "GZIP" else _Inflated(raw, buffer)
-        try:
-            yield from read(stream, path, buffer)
-        except (OSError, EOFError, zlib.error) as exc:
-            raise InvalidArgumentError(f"{kind}: {path} is not whole {compression} data ({exc})") from None
+        yield from read(_Inflated(raw, buffer, compression, path, kind), path, buffer)
 
 
 class _Inflated:
-    """A ZLIB stream read as a file (``read(n)``), as TF reads ``compression_type="ZLIB"``."""
+    """A GZIP or ZLIB stream read as a file (``read(n)``), as TF's ``ZlibInputStream``
+    reads ``compression_type`` "GZIP" and "ZLIB": what is inflated comes as it comes, so the
+    elements before damage are read; GZIP members one after another. Data that is not of
+    the format, bytes after a ZLIB stream, or a file that ends inside a member is a
+    ``DataLossError`` naming the file once what came before it is read (TF ends quietly on
+    the last two)."""
 
-    def __init__(self, raw: BinaryIO, buffer: int) -> None:
-        self.raw, self.buffer = raw, buffer
-        self.inflate = zlib.decompressobj()
+    def __init__(self, raw: BinaryIO, buffer: int, compression: str, path: str, kind: str) -> None:
+        self.raw, self.buffer, self.path, self.kind = raw, buffer, path, kind
+        self.compression = compression
+        self.wbits = 16 + zlib.MAX_WBITS if compression == "GZIP" else zlib.MAX_WBITS
+        self.inflate = zlib.decompressobj(self.wbits)
         self.pending = b""
+        self.started = False  # a member has begun: its end, not the file's, is due
+        self.failure: DataLossError | None = None  # raised once ``pending`` is read
 
     def read(self, n: int) -> bytes:
-        while len(self.pending) < n and not self.inflate.eof:
+        while len(self.pending) < n and self.failure is None:
+            if self.inflate.eof:  # a member ended: GZIP's next may follow
+                rest = self.inflate.unused_data + (
+                    b"" if self.inflate.unused_data else self.raw.read(self.buffer)
+                )
+                if not rest:
+                    break
+                if self.compression != "GZIP":
+                    self.failure = self._lost("has bytes after its ZLIB stream")
+                    break
+                self.inflate, self.started = zlib.decompressobj(self.wbits), False
+                self._inflate(rest)
+                continue
             chunk = self.raw.read(self.buffer)
             if not chunk:
-                raise EOFError("it ends inside its compressed data")
-            self.pending += self.inflate.decompress(chunk)
+                if self.started:
+                    self.failure = self._lost(f"ends inside its {self.compression} data")
+                break
+            self._inflate(chunk)
+        if not self.pending and self.failure is not None:
+            raise self.failure
         out, self.pending = self.pending[:n], self.pending[n:]
         return out
+
+    def _inflate(self, data: bytes) -> None:
+        self.started = True
+        try:
+            self.pending += self.inflate.decompress(data)
+        except zlib.error as exc:
+            self.failure = self._lost(f"is not whole {self.compression} data ({exc})")
+
+    def _lost(self, what: str) -> DataLossError:
+        return DataLossError(f"{self.kind}: {self.path} {what}")
 
 
 def _split(chunks: Iterator[bytes]) -> Iterator[bytes]:
@@ -261,7 +298,7 @@ def _split(chunks: Iterator[bytes]) -> Iterator[bytes]:
 _HEADER_BYTES = 12
 
 
-def _records(f: BinaryIO, path: str, buffer: int) -> Iterator[bytes]:
+def _records(f: _Stream, path: str, buffer: int) -> Iterator[bytes]:
     """The records of one TFRecord stream, each checked (``tfrecord_split``, compiled), read
     ``buffer`` bytes at a time, or at once for the rest of a record longer than that; where
     each starts is counted for the errors."""
@@ -283,7 +320,7 @@ def _records(f: BinaryIO, path: str, buffer: int) -> Iterator[bytes]:
             return
 
 
-def _read_exactly(f: BinaryIO, n: int) -> bytes:
+def _read_exactly(f: _Stream, n: int) -> bytes:
     """``n`` bytes, or fewer where the file ends; read as they arrive, so that a length a
     damaged header claims costs only what the file holds."""
     parts, left = [], n

@@ -72,8 +72,16 @@ def test_damage_is_a_data_loss_naming_the_record(files, tmp_path):
     assert list(TFRecordDataset(str(cut))) == RECORDS[:1]
     with pytest.raises(NotFoundError, match="nope.tfrecord: no such file"):
         list(TFRecordDataset(str(tmp_path / "nope.tfrecord")))
-    with pytest.raises(InvalidArgumentError, match="is not whole GZIP data"):
+    with pytest.raises(DataLossError, match="is not whole GZIP data"):  # (TF's error, too)
         list(TFRecordDataset(str(files[None]), "GZIP"))
+    # a damaged GZIP file gives the records before the damage, then the error, as TF's
+    packed = gzip.compress(raw)
+    got = []
+    damaged = tmp_path / "damaged.gz"
+    damaged.write_bytes(packed + b"not gzip at all")
+    with pytest.raises(DataLossError, match="damaged.gz is not whole GZIP data"):
+        got.extend(TFRecordDataset(str(damaged), "GZIP"))
+    assert got == RECORDS
     with pytest.raises(InvalidArgumentError, match="compression_type must be"):
         TFRecordDataset(str(files[None]), "LZ4")
 
