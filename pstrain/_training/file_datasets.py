@@ -239,33 +239,35 @@ class _Inflated:
 
     def read(self, n: int) -> bytes:
         while len(self.pending) < n and self.failure is None:
+            want = n - len(self.pending)  # (never more: a small file may inflate to a huge one)
+            if self.inflate.unconsumed_tail:
+                self._inflate(self.inflate.unconsumed_tail, want)
+                continue
             if self.inflate.eof:  # a member ended: GZIP's next may follow
-                rest = self.inflate.unused_data + (
-                    b"" if self.inflate.unused_data else self.raw.read(self.buffer)
-                )
+                rest = self.inflate.unused_data or self.raw.read(self.buffer)
                 if not rest:
                     break
                 if self.compression != "GZIP":
                     self.failure = self._lost("has bytes after its ZLIB stream")
                     break
                 self.inflate, self.started = zlib.decompressobj(self.wbits), False
-                self._inflate(rest)
+                self._inflate(rest, want)
                 continue
             chunk = self.raw.read(self.buffer)
             if not chunk:
                 if self.started:
                     self.failure = self._lost(f"ends inside its {self.compression} data")
                 break
-            self._inflate(chunk)
+            self._inflate(chunk, want)
         if not self.pending and self.failure is not None:
             raise self.failure
         out, self.pending = self.pending[:n], self.pending[n:]
         return out
 
-    def _inflate(self, data: bytes) -> None:
+    def _inflate(self, data: bytes, most: int) -> None:
         self.started = True
         try:
-            self.pending += self.inflate.decompress(data)
+            self.pending += self.inflate.decompress(data, most)
         except zlib.error as exc:
             self.failure = self._lost(f"is not whole {self.compression} data ({exc})")
 
