@@ -63,7 +63,8 @@ class FixedLenFeature:
         self.shape = tuple(int(d) for d in dims)
         self.dtype = _kind(dtype, "FixedLenFeature")
         self.default_value = None
-        if default_value is not None:
+        # an empty default is none, as TF's parser takes an empty dense default for "required"
+        if default_value is not None and np.size(default_value) > 0:
             default = np.asarray(default_value, dtype=_KINDS[self.dtype][1])
             size = int(np.prod(self.shape))
             if default.size == 1 and size != 1:
@@ -242,7 +243,7 @@ def _fixed(flat: np.ndarray, count: np.ndarray, key: str, spec: FixedLenFeature)
             f"{spec.dtype}) is required but could not be found"
         )
     out = np.empty((count.size, size), flat.dtype)
-    out[~missing] = flat.reshape(-1, size)
+    out[~missing] = flat.reshape(int(count.size - missing.sum()), size)  # (size 0 too)
     if missing.any():
         assert spec.default_value is not None
         out[missing] = spec.default_value.reshape(size)

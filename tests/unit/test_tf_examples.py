@@ -260,3 +260,20 @@ def test_any_bytes_are_read_alike_by_both_kernels_or_refused_by_both(records, da
             mine.tobytes() == theirs.tobytes() if mine.dtype != object else mine.tolist() == theirs.tolist()
         )
         assert mine.size <= sum(len(r) for r in records)
+
+
+def test_a_fixed_feature_of_no_values_parses_and_an_empty_default_is_none_as_tfs():
+    """``FixedLenFeature([0])``: a record holding the feature (of no values) gives a row of
+    none, one without it is refused even with ``default_value=[]``, which TF's parser takes
+    for "required" (TensorFlow 2.21 on the same records). A batch of such records raised
+    numpy's ValueError."""
+    record = bytes.fromhex("0a090a070a016112021a00")  # {"a": an empty int64 list}
+    for shape in ([0], [2, 0]):
+        assert parse_example([record, record], {"a": FixedLenFeature(shape, np.int64)})["a"].shape == (
+            2,
+            *shape,
+        )
+        for default in (None, []):
+            spec = FixedLenFeature(shape, np.int64, default_value=default)
+            with pytest.raises(InvalidArgumentError, match="record 1: feature 'a' .* is required"):
+                parse_example([record, b""], {"a": spec})
