@@ -6,12 +6,14 @@ Each column's ``record_defaults`` entry gives its type and the value of an empty
 empty list: the field is required), as TF's: a Python int makes an int32 column, a float a
 float32 one, a string a column of bytes; numpy values keep their own type (int32, int64,
 float32, float64). Fields may be quoted (``"a,b"``, ``""`` for a quote) unless
-``use_quote_delim=False``.
+``use_quote_delim=False``. Fields and numbers are found as TF's parser finds them: an empty
+record has no field, a quote must end its field and an unquoted field holds none, and
+numbers are C's (``0x1p3`` a float, ``1_000`` none, past float32's range ``inf``).
 """
 
 from __future__ import annotations
 
-import csv
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -61,13 +63,8 @@ def decode_csv(
         select = list(range(len(columns)))
     shape = np.shape(records)
     lines = [_text(r) for r in np.asarray(records, dtype=object).reshape(-1)]
-    if use_quote_delim:
-        rows = list(csv.reader(lines, delimiter=field_delim, quotechar='"', doublequote=True, strict=False))
-        rows = [row if row else [""] for row in rows]  # (csv gives an empty line no field)
-    else:
-        rows = [line.split(field_delim) for line in lines]
-    if len(rows) != len(lines):
-        raise InvalidArgumentError("decode_csv: a record holds a line break inside quotes")
+    last = select[-1] if select_cols is not None else None  # (TF reads every field to count them)
+    rows = [_fields(line, field_delim, use_quote_delim, last, i) for i, line in enumerate(lines)]
     out = []
     for k, (col, (kind, default)) in enumerate(zip(select, columns)):
         values = []
@@ -89,6 +86,56 @@ def decode_csv(
                 values.append(_parsed(field, kind, k, i))
         out.append(_array(values, kind).reshape(shape))
     return out
+
+
+def _fields(line: str, delim: str, quoting: bool, last: int | None, i: int) -> list[str]:
+    """Record ``i``'s fields, as TF's ``DecodeCSVOp::ExtractFields`` finds them (up to
+    field ``last``, if given): an empty record has none; a line break at a field's start is skipped;
+    an unquoted field holds no line break (and, quoting, no quote); a quoted one ends with a
+    quote at the end or before a delimiter, and holds a quote as two."""
+    if '"' not in line and "\r" not in line and "\n" not in line:
+        return line.split(delim) if line else []  # (the usual record: no quote, no line break)
+    fields: list[str] = []
+    n, at = len(line), 0
+    most = n + 1 if last is None else last + 1  # fields to read
+    while at < n and len(fields) < most:
+        if line[at] in "\r\n":
+            at += 1
+            continue
+        if quoting and line[at] == '"':
+            at += 1
+            chars = []
+            while at < n - 1 and (line[at] != '"' or line[at + 1] != delim):
+                if line[at] != '"':
+                    chars.append(line[at])
+                    at += 1
+                elif line[at + 1] == '"':
+                    chars.append('"')
+                    at += 2
+                else:
+                    raise InvalidArgumentError(
+                        f"decode_csv: record {i}: a quote inside a quoted field must be doubled"
+                    )
+            if not (at < n and line[at] == '"' and (at == n - 1 or line[at + 1] == delim)):
+                raise InvalidArgumentError(
+                    f"decode_csv: record {i}: a quoted field must end with a quote, at the end or "
+                    "before a delimiter"
+                )
+            at += 2
+        else:
+            end = line.find(delim, at)
+            end = n if end < 0 else end
+            field = line[at:end]
+            if "\r" in field or "\n" in field or (quoting and '"' in field):
+                raise InvalidArgumentError(
+                    f"decode_csv: record {i}: an unquoted field holds a quote or a line break"
+                )
+            chars = [field]
+            at = end + 1
+        fields.append("".join(chars))
+    if len(fields) < most and line[-1] == delim:  # (a delimiter last: an empty field after it)
+        fields.append("")
+    return fields
 
 
 def _column(default: Any, i: int) -> tuple[Any, Any]:
@@ -140,8 +187,10 @@ def _parsed(field: str, kind: Any, k: int, i: int) -> Any:
     if kind is bytes:
         return field.encode("utf-8", "surrogateescape")
     try:
+        if "_" in field:  # (Python's numbers take 1_000; TF's do not)
+            raise ValueError
         if kind.kind == "f":
-            return kind.type(float(field))
+            return _float(field)  # (made the column's type with the column: _array)
         value = int(field)
         info = np.iinfo(kind)
         if not info.min <= value <= info.max:
@@ -153,12 +202,28 @@ def _parsed(field: str, kind: Any, k: int, i: int) -> Any:
         ) from None
 
 
+def _float(field: str) -> float:
+    """A number as TF's ``safe_strtod`` reads one: Python's, hexadecimal ones (0x1p3), and
+    C's ``nan(...)``."""
+    try:
+        return float(field)
+    except ValueError:
+        if _C_NAN.fullmatch(field):
+            return float("nan")
+        return float.fromhex(field.strip())
+
+
+#: C's ``strtod`` takes ``nan(`` characters ``)`` for a NaN.
+_C_NAN = re.compile(r"\s*[+-]?nan\([0-9A-Za-z_]*\)\s*", re.IGNORECASE)
+
+
 def _array(values: list[Any], kind: Any) -> np.ndarray:
     if kind is bytes:
         out = np.empty(len(values), object)
         out[:] = values
         return out
-    return np.array(values, kind)
+    with np.errstate(over="ignore"):  # (a number past float32's range is inf there, as TF's)
+        return np.array(values, kind)
 
 
 expose(globals(), "pstrain.data")

@@ -62,3 +62,45 @@ def test_python_defaults_type_columns_as_tensorflows_do_and_lines_from_files_spl
     ):
         with pytest.raises(InvalidArgumentError, match=match):
             bad()
+
+
+# Records, record defaults, keyword arguments, and what TensorFlow 2.21's tf.io.decode_csv
+# gave for them (its columns, or None: refused), read off TF on the same records.
+TF_FIELDS = [
+    ([""], [[1.5]], {}, None),  # an empty record has no field (TF: "Expect 1 fields but have 0")
+    ([""], [[1], [2]], {}, None),
+    (['"'], [[8]], {}, None),  # a quote that does not end
+    (['"a'], [["d"]], {}, None),
+    (['a"b'], [["d"]], {}, None),  # a quote inside an unquoted field
+    (['x""y'], [["d"]], {}, None),
+    (['"a"x,2'], [["d"], [2]], {}, None),
+    (["1\r,2"], [[1], [2]], {}, None),
+    (["\r1,2"], [[1], [2]], {}, [[1], [2]]),  # a line break at a field's start is skipped
+    (["1,\n2"], [[1], [2]], {}, [[1], [2]]),
+    (['"a\nb",2'], [["d"], [2]], {}, [[b"a\nb"], [2]]),
+    (['"a""",2'], [["d"], [2]], {}, [[b'a"'], [2]]),
+    (['a"b,2'], [["d"], [2]], {"use_quote_delim": False}, [[b'a"b'], [2]]),
+    (['1,"x,3'], [[1], [2]], {"select_cols": [0]}, None),
+    (["1,2,"], [[1], [2]], {"select_cols": [0, 2]}, [[1], [2]]),
+    (["0x10", "0x1.8p1", "-0X1A"], [[1.5]], {}, [[16.0, 3.0, -26.0]]),  # C's hexadecimal numbers
+    (["0x10"], [[1]], {}, None),
+    (["1_000"], [[1.5]], {}, None),  # (Python's numbers take it)
+    (["1_000"], [[1]], {}, None),
+    (["1e40", "-1e40"], [[1.5]], {}, [[float("inf"), float("-inf")]]),  # past float32: inf
+]
+
+
+@pytest.mark.parametrize(("records", "record_defaults", "kwargs", "want"), TF_FIELDS)
+def test_fields_and_numbers_are_found_as_tensorflows_parser_finds_them(
+    records, record_defaults, kwargs, want
+):
+    """Found comparing 500 random records with TF's: pstrain read an empty record as one
+    empty field, took a quote that never ends or one inside an unquoted field, and read
+    numbers as Python does (1_000 taken, 0x10 refused)."""
+    if want is None:
+        with pytest.raises(InvalidArgumentError, match="decode_csv: "):
+            decode_csv(records, record_defaults, **kwargs)
+        return
+    got = decode_csv(records, record_defaults, **kwargs)
+    assert [np.asarray(column).tolist() for column in got] == want
+    assert np.isnan(decode_csv(["nan(1)"], [[1.5]])[0][0])  # (C's strtod takes it; TF's too)
