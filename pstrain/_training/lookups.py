@@ -46,6 +46,23 @@ from .strings import fingerprint64, to_hash_bucket_fast, to_hash_bucket_strong
 __all__ = ["Discretization", "HashedCrossing", "Hashing", "IntegerLookup", "StringLookup"]
 
 
+def _file_lines(path: Any, kind: str) -> list[bytes]:
+    """A vocabulary file's lines, as TF's ``TextFileInitializer`` (Keras' reader) reads
+    them: each without its ``\\n`` and one ``\\r`` before it; an empty line is refused, as
+    TF refuses it."""
+    with open(path, "rb") as f:
+        lines = f.read().split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()  # (after a last line break, no line)
+    out = []
+    for number, line in enumerate(lines, 1):
+        line = line[:-1] if line.endswith(b"\r") else line
+        if not line:
+            raise InvalidArgumentError(f"{kind}: vocabulary file {path}: line {number} is empty")
+        out.append(line)
+    return out
+
+
 class _Lookup(abc.ABC):
     """What the two lookups share: the index layout, the table and its refusals."""
 
@@ -109,18 +126,21 @@ class _Lookup(abc.ABC):
         """The tokens of a vocabulary file, a line each."""
 
     def set_vocabulary(self, vocabulary: Any, idf_weights: Any = None) -> None:
-        """The vocabulary (a list, an array or a file of a token per line), with or without
-        the mask and OOV tokens at its start (exactly as :meth:`get_vocabulary` gives them)."""
+        """The vocabulary (a list, an array or a file of a token per line): a list or array
+        with or without the mask and OOV tokens at its start (exactly as
+        :meth:`get_vocabulary` gives them); a file's lines are its tokens, each of them, as
+        Keras reads a file (through TF's ``TextFileInitializer``)."""
         if idf_weights is not None:
             raise InvalidArgumentError(f"{self._kind}: idf_weights go with output_mode 'tf_idf'")
-        given = self._read_file(vocabulary) if isinstance(vocabulary, (str, os.PathLike)) else vocabulary
+        from_file = isinstance(vocabulary, (str, os.PathLike))
+        given = self._read_file(vocabulary) if from_file else vocabulary
         keys = [self._key(t) for t in np.asarray(given).reshape(-1).tolist()]
         if not keys:
             raise InvalidArgumentError(f"{self._kind}: the vocabulary is empty")
         special = [] if self.mask_token is None else [self._key(self.mask_token)]
         if self.num_oov_indices:
             special += [self._key(self.oov_token)] * self.num_oov_indices
-        if keys[: len(special)] == special:
+        if not from_file and keys[: len(special)] == special:
             keys = keys[len(special) :]
         repeated = sorted({repr(self._out(k)) for k, n in Counter(keys).items() if n > 1})
         if repeated:
@@ -284,8 +304,7 @@ class StringLookup(_Lookup):
         return np.fromiter((table.get(k, -1) for k in keys), np.int64, len(keys))
 
     def _read_file(self, path: Any) -> list[Any]:
-        with open(path, "rb") as f:
-            return [line.rstrip(b"\r\n") for line in f if line.strip(b"\r\n")]
+        return _file_lines(path, self._kind)
 
     def _oov_of(self, values: np.ndarray) -> np.ndarray:
         if self.num_oov_indices == 1:
@@ -372,8 +391,17 @@ class IntegerLookup(_Lookup):
         return np.where(self._sorted[at] == values, self._at[at], -1)
 
     def _read_file(self, path: Any) -> list[Any]:
-        with open(path, encoding="utf-8") as f:
-            return [int(line) for line in f if line.strip()]
+        out = []
+        for number, line in enumerate(_file_lines(path, self._kind), 1):
+            try:
+                if b"_" in line:  # (Python's int takes 1_000; TF's reader does not)
+                    raise ValueError
+                out.append(int(line))
+            except ValueError:
+                raise InvalidArgumentError(
+                    f"{self._kind}: vocabulary file {path}: line {number} is not an integer: {line!r}"
+                ) from None
+        return out
 
     def _oov_of(self, values: np.ndarray) -> np.ndarray:
         if self.num_oov_indices == 1:

@@ -107,3 +107,29 @@ def test_discretization_gives_keras_buckets_and_adapts_to_keras_boundaries():
         Discretization()
     with pytest.raises(InvalidArgumentError, match="cannot adapt"):
         Discretization(bin_boundaries=[0.0]).adapt(np.zeros(3))
+
+
+def test_vocabulary_files_are_read_as_keras_reads_them(tmp_path):
+    """Keras reads a vocabulary file through TF's ``TextFileInitializer``: a line each,
+    without its ``\\n`` and one ``\\r``; an empty line refused (pstrain skipped it); the
+    file's tokens as they are, a first ``[UNK]`` or ``-1`` a token too (pstrain took them
+    for the special tokens and shifted every index); integers as TF reads them (``1_0``
+    refused, which Python's ``int`` takes). Indices read off Keras 3 with TF 2.21."""
+    path = tmp_path / "vocabulary.txt"
+
+    def lookup(layer, data, probe):
+        path.write_bytes(data)
+        return [int(i) for i in np.asarray(layer(vocabulary=str(path))(np.array(probe))).tolist()]
+
+    assert lookup(StringLookup, b"[UNK]\na\nb\n", ["[UNK]", "a", "b", "z", ""]) == [1, 2, 3, 0, 0]
+    assert lookup(StringLookup, b"a\r\nb", ["a", "b", "a\r"]) == [1, 2, 0]
+    assert lookup(IntegerLookup, b"-1\n2", [1, 2, -1]) == [0, 2, 1]
+    assert lookup(IntegerLookup, b" 3\n+4\n7 ", [3, 4, 7, 5]) == [1, 2, 3, 0]
+    for layer, data in ((StringLookup, b"a\n\nb"), (StringLookup, b"\na"), (IntegerLookup, b"1\n\n2")):
+        path.write_bytes(data)
+        with pytest.raises(InvalidArgumentError, match="line 2 is empty|line 1 is empty"):
+            layer(vocabulary=str(path))
+    for data in (b"1_0\n2", b"0x10"):
+        path.write_bytes(data)
+        with pytest.raises(InvalidArgumentError, match="line 1 is not an integer"):
+            IntegerLookup(vocabulary=str(path))
