@@ -106,3 +106,12 @@ def test_every_carriage_return_of_a_line_is_dropped_as_tensorflows_reader_drops_
         {None: b"x\n\r\r", "GZIP": gzip.compress(b"x\n\r\r"), "ZLIB": zlib.compress(b"x\n\r\r")}[compression]
     )
     assert list(TextLineDataset(str(path), compression)) == [b"x"]
+
+
+def test_gzip_members_one_after_another_are_one_file_as_tensorflow_reads_them(tmp_path):
+    """``cat a.gz b.gz``: every member's lines in turn (an empty member too), as TF 2.21
+    reads the same bytes; read a byte at a time as well."""
+    path = tmp_path / "joined.gz"
+    path.write_bytes(gzip.compress(b"a\nb\n") + gzip.compress(b"c\nd") + gzip.compress(b""))
+    for buffer_size in (1, 1 << 16):
+        assert list(TextLineDataset(str(path), "GZIP", buffer_size=buffer_size)) == [b"a", b"b", b"c", b"d"]
