@@ -13,7 +13,6 @@ numbers are C's (``0x1p3`` a float, ``1_000`` none, past float32's range ``inf``
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,6 +20,7 @@ import numpy as np
 
 from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
+from .c_numbers import c_float, c_int
 
 __all__ = ["decode_csv"]
 
@@ -187,11 +187,9 @@ def _parsed(field: str, kind: Any, k: int, i: int) -> Any:
     if kind is bytes:
         return field.encode("utf-8", "surrogateescape")
     try:
-        if "_" in field:  # (Python's numbers take 1_000; TF's do not)
-            raise ValueError
         if kind.kind == "f":
-            return _float(field)  # (made the column's type with the column: _array)
-        value = int(field)
+            return c_float(field)  # (made the column's type with the column: _array)
+        value = c_int(field)
         info = np.iinfo(kind)
         if not info.min <= value <= info.max:
             raise ValueError
@@ -200,21 +198,6 @@ def _parsed(field: str, kind: Any, k: int, i: int) -> Any:
         raise InvalidArgumentError(
             f"decode_csv: Field {k} in record {i} is not a valid {_NUMBERS[kind]}: {field}"
         ) from None
-
-
-def _float(field: str) -> float:
-    """A number as TF's ``safe_strtod`` reads one: Python's, hexadecimal ones (0x1p3), and
-    C's ``nan(...)``."""
-    try:
-        return float(field)
-    except ValueError:
-        if _C_NAN.fullmatch(field):
-            return float("nan")
-        return float.fromhex(field.strip())
-
-
-#: C's ``strtod`` takes ``nan(`` characters ``)`` for a NaN.
-_C_NAN = re.compile(r"\s*[+-]?nan\([0-9A-Za-z_]*\)\s*", re.IGNORECASE)
 
 
 def _array(values: list[Any], kind: Any) -> np.ndarray:

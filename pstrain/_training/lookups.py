@@ -41,6 +41,7 @@ import numpy as np
 
 from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
+from .c_numbers import c_int
 from .strings import fingerprint64, to_hash_bucket_fast, to_hash_bucket_strong
 
 __all__ = ["Discretization", "HashedCrossing", "Hashing", "IntegerLookup", "StringLookup"]
@@ -394,9 +395,7 @@ class IntegerLookup(_Lookup):
         out = []
         for number, line in enumerate(_file_lines(path, self._kind), 1):
             try:
-                if b"_" in line:  # (Python's int takes 1_000; TF's reader does not)
-                    raise ValueError
-                out.append(int(line))
+                out.append(c_int(line))
             except ValueError:
                 raise InvalidArgumentError(
                     f"{self._kind}: vocabulary file {path}: line {number} is not an integer: {line!r}"
