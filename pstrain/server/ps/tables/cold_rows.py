@@ -489,22 +489,17 @@ class ColdRows:
         }
         order = np.argsort(places, kind="stable")
         sorted_places = places[order]
-        numbers = sorted_places >> PLACE_BITS
-        bounds = np.flatnonzero(np.diff(numbers)) + 1
-        for part in np.split(np.arange(n), bounds):
-            if not part.size:
-                continue
-            number = int(numbers[part[0]])
-            records = sorted_places[part] & ((1 << PLACE_BITS) - 1)
-            seg = self.segments[number]
-            dest = order[part]
-            got = self.files.gather(number, records, self.record(seg.slots))
+        at = 0
+        while at < n:  # a block per run of segments whose records carry the same slots
+            got, slots = self._records_from(sorted_places[at:])
+            dest = order[at : at + got.size]
+            at += got.size
             out["ids"][dest] = got["id"]  # (each record's fields moved as one block: as_cells)
             scatter_cells(out["meta"], dest, field_cells(got, "epoch", "freq"))
             scatter_cells(out["rows"], dest, field_cells(got, "row"))
             for k, init in slot_init.items():
-                if k in seg.slots:
-                    scatter_cells(out[f"slot:{k}"], dest, field_cells(got, f"slot{seg.slots.index(k)}"))
+                if k in slots:
+                    scatter_cells(out[f"slot:{k}"], dest, field_cells(got, f"slot{slots.index(k)}"))
                 else:
                     out[f"slot:{k}"][dest] = init
         return out
@@ -523,6 +518,14 @@ class ColdRows:
         as lie in segments whose records carry the same slots as the first's, and those
         slots. Each run of a segment's records is read once, straight into its part of the
         array returned."""
+        out, slots = self._records_from(places)
+        if out.size:
+            self.reads += 1
+            self.rows_read += out.size
+        return out, slots
+
+    def _records_from(self, places: np.ndarray) -> tuple[np.ndarray, tuple[str, ...]]:
+        """:meth:`records_from`, not counted as a read."""
         if not places.size:
             return np.empty(0, self.record(())), ()
         numbers = places >> PLACE_BITS
@@ -534,8 +537,6 @@ class ColdRows:
         out = np.empty(starts[runs], self.record(slots))
         for a, b in zip(starts[:runs], starts[1 : runs + 1]):
             self.files.gather(int(numbers[a]), places[a:b] & ((1 << PLACE_BITS) - 1), out.dtype, out[a:b])
-        self.reads += 1
-        self.rows_read += out.size
         return out, slots
 
     # -- saves ----------------------------------------------------------------------------------------
