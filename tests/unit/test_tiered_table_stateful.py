@@ -202,7 +202,7 @@ class Shards:
 def same(got: np.ndarray, want: np.ndarray, what: str) -> None:
     """``np.testing.assert_array_equal``, checked first as the same bytes: the machines
     compare hundreds of thousands of small arrays, and numpy's comparison, which the same
-    bytes would pass, is most of their time."""
+    bytes would pass, costs some 50 us each (its bytes, under 1 us)."""
     if got.dtype == want.dtype and got.shape == want.shape and got.tobytes() == want.tobytes():
         return
     np.testing.assert_array_equal(got, want, err_msg=what)
