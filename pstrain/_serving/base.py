@@ -3,7 +3,8 @@
 ``await server.start()`` binds (port 0 picks one) and returns the real
 address; each accepted connection is sniffed (``_transport/listener.py``): one that opens
 with the stream's ``MAGIC`` is pstrain's own multiplexed stream, anything
-else goes to aiohttp (``http.py``). ``await stop()`` closes the listener and
+else goes to aiohttp (``http.py``), which is loaded when the first such connection
+arrives (:class:`HttpOnDemand`). ``await stop()`` closes the listener and
 every connection, then cancels the tasks the server owns. A server still running when its
 event loop ends (``asyncio.run``, ``pstrain.run`` or a test runner finishing the loop's
 async generators) is stopped then: a program that never stopped it, a test that failed
@@ -14,10 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import importlib
 import logging
+import sys
 import time
 from collections.abc import AsyncGenerator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._base.cluster import listening_socket, local_listener, local_socket_name
 from .._base.errors import PstrainError
@@ -27,11 +30,72 @@ from .._formats.messages.records import EmptyReply
 from .._transport.listener import Sniffer
 from .._transport.preauth import PreAuth, preauth_cap
 from .core import ServerCore, Status
-from .http import HttpAdapter
+
+if TYPE_CHECKING:
+    from .http import HttpAdapter
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ServerBase"]
+__all__ = ["HTTP_FACE_BYTES", "HttpOnDemand", "ServerBase", "http_face_to_come"]
+
+#: Resident memory a server's HTTP face adds once set up (aiohttp and the application:
+#: 13.5 MB measured), with some room.
+HTTP_FACE_BYTES = 16 << 20
+
+
+def http_face_to_come() -> int:
+    """Bytes this process's HTTP face will add when it is set up: ``HTTP_FACE_BYTES`` until
+    the face's module is loaded, then 0 (what a limit reckoned from the memory a process
+    holds now leaves room for)."""
+    return 0 if f"{__package__}.http" in sys.modules else HTTP_FACE_BYTES
+
+
+class HttpOnDemand:
+    """A server's HTTP face (:class:`~pstrain._serving.http.HttpAdapter`), set up when the
+    first connection that is not the stream arrives. Most servers of a job (the ps and
+    workers the coordinator reaches by the stream) never serve HTTP, and importing aiohttp
+    costs each process about 0.3 s of CPU; the import runs on a thread, so the server keeps
+    serving meanwhile. The sniffer asks :meth:`protocol` and, while it is None, waits on
+    :meth:`start`."""
+
+    def __init__(self, server: ServerCore, authenticated: Callable[[asyncio.BaseTransport], None]) -> None:
+        self.server = server
+        self.authenticated = authenticated
+        self.adapter: HttpAdapter | None = None
+        self._factory: Callable[[], asyncio.Protocol] | None = None
+        self._starting: asyncio.Task[None] | None = None
+
+    def protocol(self) -> asyncio.Protocol | None:
+        """A protocol for one HTTP connection, or None until :meth:`start` is done."""
+        return None if self._factory is None else self._factory()
+
+    def start(self) -> asyncio.Future[None]:
+        """Set aiohttp's application up (once; a start that failed is tried again by the
+        next connection)."""
+        if self._starting is None:
+            self._starting = asyncio.get_running_loop().create_task(self._start())
+        return self._starting
+
+    async def _start(self) -> None:
+        try:
+            module = await asyncio.to_thread(importlib.import_module, f"{__package__}.http")
+            adapter = module.HttpAdapter(self.server, authenticated=self.authenticated)
+            factory = await adapter.start()
+        except Exception:
+            logger.exception("%s: could not set up its HTTP face", self.server.task)
+            self._starting = None
+            raise
+        self.adapter, self._factory = adapter, factory
+
+    async def stop(self) -> None:
+        starting, self._starting = self._starting, None
+        if starting is not None and not starting.done():
+            starting.cancel()
+        if starting is not None:
+            await asyncio.gather(starting, return_exceptions=True)
+        adapter, self.adapter, self._factory = self.adapter, None, None
+        if adapter is not None:
+            await adapter.stop()
 
 
 class ServerBase(ServerCore):
@@ -65,7 +129,7 @@ class ServerBase(ServerCore):
             )
         self._server: asyncio.AbstractServer | None = None
         self._local_server: asyncio.AbstractServer | None = None  # same-host clients
-        self._http: HttpAdapter | None = None
+        self._http: HttpOnDemand | None = None
         self._closed: asyncio.Event | None = None
         self._loop_end: AsyncGenerator[None, None] | None = None  # see _stop_with_loop
 
@@ -85,11 +149,10 @@ class ServerBase(ServerCore):
         sock = listening_socket(self.host, self.port, self.task, bound=self.bound)
         # Past the bearer token a connection leaves the pre-auth set: its deadline and the
         # cap no longer apply (the documented keep-alive and body deadlines do).
-        self._http = HttpAdapter(self, authenticated=self.preauth.authenticated)
-        http_factory = await self._http.start()
+        http = self._http = HttpOnDemand(self, authenticated=self.preauth.authenticated)
 
         def sniffer() -> Sniffer:
-            return Sniffer(self, self.preauth, http_factory)
+            return Sniffer(self, self.preauth, http)
 
         self._server = await loop.create_server(sniffer, sock=sock, ssl=self.ssl_context)
         host, port = sock.getsockname()[:2]

@@ -6,8 +6,9 @@ with :class:`PreAuth` (a deadline, a cap). A connection that opens with
 runs on fixed-size messages before any frame is read (an unauthenticated byte
 never reaches a decoder), then a :class:`StreamConnection` reads frames and
 answers each request through :meth:`Listening.handle` (``_serving.ServerCore``). Anything else is
-handed to aiohttp with the bytes already read; it stays pre-auth until one of
-its requests passes the bearer-token check.
+handed to aiohttp with the bytes already read (reading paused while the server sets its
+HTTP face up, on the first such connection); it stays pre-auth until one of its requests
+passes the bearer-token check.
 """
 
 from __future__ import annotations
@@ -46,6 +47,17 @@ class Reply:
     release: Callable[[], None] | None = None
     status: int = 200  # for HTTP
     envelope: dict[str, Any] | None = None  # an ERROR's envelope (HTTP sends it as JSON)
+
+
+class HttpFace(Protocol):
+    """Where the sniffer hands a connection that is not the stream (``_serving.base``'s
+    ``HttpOnDemand``)."""
+
+    def protocol(self) -> asyncio.Protocol | None:
+        """A protocol for one HTTP connection; None while the face is not set up."""
+
+    def start(self) -> asyncio.Future[None]:
+        """Set the face up (done: :meth:`protocol` answers; failed: it cannot)."""
 
 
 class Listening(Protocol):
@@ -142,12 +154,11 @@ class StreamConnection(FrameProtocol):
 class Sniffer(asyncio.Protocol):
     """Decides per connection: the pstrain stream (and runs its handshake) or HTTP."""
 
-    def __init__(
-        self, server: Listening, preauth: PreAuth, http_factory: Callable[[], asyncio.Protocol]
-    ) -> None:
+    def __init__(self, server: Listening, preauth: PreAuth, http: HttpFace) -> None:
         self.server = server
         self.preauth = preauth
-        self.http_factory = http_factory
+        self.http = http
+        self.waiting = False  # for the HTTP face, reading paused
         self.buf = bytearray()  # bytes before we know the protocol (a few at most)
         self.transport: asyncio.Transport | None = None
         self.handshake: ServerHandshake | None = None
@@ -162,6 +173,9 @@ class Sniffer(asyncio.Protocol):
         transport = self.transport
         assert transport is not None
         shake = self.handshake
+        if self.waiting:  # (reading is paused: what a transport had already read)
+            self.buf.extend(data)
+            return
         if shake is None:
             buf = self.buf
             buf.extend(data)
@@ -195,9 +209,31 @@ class Sniffer(asyncio.Protocol):
 
     def _to_http(self, transport: asyncio.Transport) -> None:
         """Not the stream: aiohttp takes the connection (and its first bytes). It stays
-        pre-auth, under the deadline, until a request passes the token check."""
+        pre-auth, under the deadline, until a request passes the token check; if the
+        server has not set its HTTP face up yet, the connection waits for it, reading
+        paused (and is closed if that fails, or if the server stops meanwhile)."""
+        proto = self.http.protocol()
+        if proto is not None:
+            self._hand_over(transport, proto)
+            return
+        self.waiting = True
+        transport.pause_reading()
+        self.http.start().add_done_callback(lambda started: self._http_ready(transport, started))
+
+    def _http_ready(self, transport: asyncio.Transport, started: asyncio.Future[None]) -> None:
+        failed = started.cancelled() or started.exception() is not None
+        if transport.is_closing():
+            return
+        proto = None if failed else self.http.protocol()
+        if proto is None:
+            transport.close()  # (the server logged why)
+            return
+        self.waiting = False
+        self._hand_over(transport, proto)
+        transport.resume_reading()
+
+    def _hand_over(self, transport: asyncio.Transport, proto: asyncio.Protocol) -> None:
         self.server.connections.discard(transport)
-        proto = self.http_factory()
         transport.set_protocol(proto)
         proto.connection_made(transport)
         data, self.buf = bytes(self.buf), bytearray()

@@ -80,7 +80,7 @@ from ..._formats.messages.records import (
 from ..._formats.numerics import scatter as scatter_rule
 from ..._kernels import KERNELS
 from ..._kernels.batches import take_rows
-from ..._serving.base import ServerBase
+from ..._serving.base import ServerBase, http_face_to_come
 from ..._serving.core import HandlerFn, Pinned
 from ..._transport.channels import Channel
 from .before_images import BeforeImages
@@ -135,10 +135,11 @@ def default_max_store_bytes(limit: tuple[int, str] | None) -> int:
     """Default bytes of variables, tables (and staged restores) a ps holds: 80 % of the
     memory this process may use (``limit``, :func:`memory_limit`: the machine's RAM, or its
     cgroup's limit if lower: a container's), less what the process holds already (its
-    interpreter and libraries, 100 MB or more: in a small container, a large share of it)."""
+    interpreter and libraries, 100 MB or more: in a small container, a large share of it)
+    and what its HTTP face will hold once a connection sets it up."""
     if limit is None:
         return 1 << 40
-    return max(1 << 20, int(limit[0] * 0.8) - resident_memory())
+    return max(1 << 20, int(limit[0] * 0.8) - resident_memory() - http_face_to_come())
 
 
 def _warn_past_memory_limit(task: str, limit: tuple[int, str] | None, sizes: dict[str, int | None]) -> None:
