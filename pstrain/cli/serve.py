@@ -209,7 +209,8 @@ def serve_parser(sub: Any) -> None:
         metavar="BYTES",
         help="ps: bytes of variables and dynamic tables it holds at most in RAM (default 80%% "
         "of the memory it may use: the machine's, or its cgroup's limit if lower, less what it "
-        "holds at start); creations, table growth and restores past it are refused",
+        "holds at start and what its HTTP face will hold once set up); creations, table growth "
+        "and restores past it are refused",
     )
     p.add_argument(
         "--memory-budget",
