@@ -7,8 +7,6 @@ import argparse
 import json
 import os
 import sys
-import urllib.error
-import urllib.request
 from typing import Any
 
 from .._base.errors import AuthenticationError, PstrainError, UnavailableError
@@ -34,6 +32,11 @@ def dashboard_login_parser(sub: Any) -> None:
 
 
 def dashboard_login(args: argparse.Namespace) -> int:
+    # (imported here: every `pstrain` command builds this parser, and urllib's HTTP client
+    # costs a process about 50 ms of CPU, a `pstrain serve` one among them)
+    import urllib.error
+    import urllib.request
+
     token = read_token(os.environ, args.token_file)
     request = urllib.request.Request(
         f"http://{args.dashboard}/login/new",
