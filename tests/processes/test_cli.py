@@ -11,6 +11,7 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
+import aiohttp
 import numpy as np
 import pytest
 
@@ -122,6 +123,18 @@ async def test_tls(tmp_path):
         "--role", "ps", "--index", "0", "--port", "0", "--tls-cert", str(cert), "--tls-key", str(key)
     )
     try:
+        # HTTPS first: the ps sets its HTTP face up behind TLS for these (paused meanwhile).
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        async with aiohttp.ClientSession() as session:
+
+            async def get(path: str) -> int:
+                async with session.get(
+                    f"https://{server.address}{path}", ssl=client_ssl(str(cert)), headers=headers
+                ) as r:
+                    await r.read()
+                    return r.status
+
+            assert await asyncio.gather(get("/healthz"), get("/healthz"), get("/metrics")) == [200] * 3
         spec = {"ps": [server.address], "worker": ["127.0.0.1:9"]}
         resolver = pstrain.SimpleClusterResolver(spec, token=TOKEN)
         resolver.ssl_context = client_ssl(str(cert))
