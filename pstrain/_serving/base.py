@@ -45,9 +45,9 @@ HTTP_FACE_BYTES = 16 << 20
 
 def http_face_to_come() -> int:
     """Bytes this process's HTTP face will add when it is set up: ``HTTP_FACE_BYTES`` until
-    the face's module is loaded, then 0 (what a limit reckoned from the memory a process
-    holds now leaves room for)."""
-    return 0 if f"{__package__}.http" in sys.modules else HTTP_FACE_BYTES
+    aiohttp's server is loaded (by the face or by anything else in the process), then 0
+    (what a limit reckoned from the memory a process holds now leaves room for)."""
+    return 0 if "aiohttp.web" in sys.modules else HTTP_FACE_BYTES
 
 
 class HttpOnDemand:
@@ -61,7 +61,7 @@ class HttpOnDemand:
     def __init__(self, server: ServerCore, authenticated: Callable[[asyncio.BaseTransport], None]) -> None:
         self.server = server
         self.authenticated = authenticated
-        self.adapter: HttpAdapter | None = None
+        self._adapter: HttpAdapter | None = None
         self._factory: Callable[[], asyncio.Protocol] | None = None
         self._starting: asyncio.Task[None] | None = None
 
@@ -85,7 +85,7 @@ class HttpOnDemand:
             logger.exception("%s: could not set up its HTTP face", self.server.task)
             self._starting = None
             raise
-        self.adapter, self._factory = adapter, factory
+        self._adapter, self._factory = adapter, factory
 
     async def stop(self) -> None:
         starting, self._starting = self._starting, None
@@ -93,7 +93,7 @@ class HttpOnDemand:
             starting.cancel()
         if starting is not None:
             await asyncio.gather(starting, return_exceptions=True)
-        adapter, self.adapter, self._factory = self.adapter, None, None
+        adapter, self._adapter, self._factory = self._adapter, None, None
         if adapter is not None:
             await adapter.stop()
 
