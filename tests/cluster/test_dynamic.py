@@ -363,6 +363,51 @@ async def test_a_checkpoint_of_a_dynamic_table_restores_bit_for_bit_into_1_2_and
             np.testing.assert_allclose((await fresh.export())[1], expected, rtol=1e-5)
 
 
+async def test_a_table_with_a_capacity_restored_into_a_fresh_job_trains_from_its_workers(tmp_path):
+    """A restore shares a table's capacity by the rows each ps restored, so a shard's share
+    is no longer the one its creator gives it; the workers of the new job, which never saw
+    the restore, still reach the shards (their first request creates them if missing)."""
+    ids = np.arange(0, 3000, 97, dtype=np.int64)  # 31 ids, split unevenly over 2 ps
+    grad = np.linspace(-1, 1, ids.size * 4, dtype=np.float32).reshape(ids.size, 4)
+
+    def model(strategy: pstrain.ParameterServerStrategy) -> tuple[object, object, object]:
+        with strategy.scope():
+            table = pstrain.DynamicEmbedding(4, name="emb", capacity=40)
+            opt = pstrain.optimizers.Adagrad(0.1)
+        return table, opt, pstrain.Checkpoint(model={"emb": table}, optimizer=opt)
+
+    async def train(coordinator: pstrain.ClusterCoordinator, table: object, opt: object) -> None:
+        async def step() -> None:
+            await table.lookup(ids)
+            await opt.apply_gradients([(pstrain.IndexedSlices(grad, ids), table)])
+
+        await coordinator.schedule(step)
+
+    root = {"checkpoint_root": str(tmp_path)}
+    options = {"num_ps": 2, "num_workers": 1, "token": TOKEN, "ps_options": root}
+    async with InProcessCluster(**options) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        coordinator = pstrain.ClusterCoordinator(strategy)
+        table, opt, ckpt = model(strategy)
+        await train(coordinator, table, opt)
+        path = await ckpt.save(str(tmp_path / "c"))
+        await train(coordinator, table, opt)  # what the restored job's step must give
+        want_ids, want_rows = await table.export()
+        await coordinator.close()
+    async with InProcessCluster(**options) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        coordinator = pstrain.ClusterCoordinator(strategy)
+        table, opt, ckpt = model(strategy)
+        await ckpt.restore(path)
+        shares = [next(iter(ps.tables.values())).config.capacity for ps in cluster.ps]
+        assert sum(shares) == 40 and shares != [20, 20]  # shared by the rows restored
+        await train(coordinator, table, opt)
+        got_ids, got_rows = await table.export()
+        np.testing.assert_array_equal(got_ids, want_ids)
+        np.testing.assert_array_equal(got_rows, want_rows)
+        await coordinator.close()
+
+
 async def test_the_jax_and_pytorch_adapters_take_a_dynamic_table():
     import torch
 

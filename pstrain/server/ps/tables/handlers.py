@@ -533,7 +533,9 @@ class TableHandlers:
         self._not_aside(req.name)
         existing = self.tables.get(req.name)
         if existing is not None and (existing.owner == req.owner or req.owner is None):
-            if req.name in self.guards:  # slices moved: its capacity is its share of theirs now
+            if req.name in self.guards or existing.capacity_reshared:
+                # slices moved, or a restore shared the capacity by the rows each ps restored:
+                # its share is this ps's own now (a handle that did neither cannot know it)
                 config = dataclasses.replace(config, capacity=existing.config.capacity)
             if existing.config != config:
                 raise AlreadyExistsError(

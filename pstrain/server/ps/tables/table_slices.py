@@ -340,7 +340,13 @@ class SlicedRows:
 
         return put
 
+    #: Whether the shard's share of the capacity is no longer the one it was created with
+    #: (slices moved, or a restore shared the capacity by the rows each ps restored).
+    capacity_reshared = False
+
     def with_capacity(self, capacity: int | None) -> None:
-        """The shard's share of the table's capacity changed (slices moved)."""
+        """The shard's share of the table's capacity changed (slices moved, or a restore
+        shared the table's capacity by the rows each ps holds)."""
         if capacity != self.config.capacity:
             self.config = dataclasses.replace(self.config, capacity=capacity)
+            self.capacity_reshared = True
