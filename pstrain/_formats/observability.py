@@ -159,6 +159,11 @@ _TABLE = (
         "1 if this ps reads a tiered table's rows from disk through io_uring, 0 if by pread (or none yet)",
     ),
     ("refused", "counter", "Requests a tiered table refused: past the budget, or the disk full"),
+    (
+        "sightings_shed",
+        "counter",
+        "Times a tiered table forgot the older half of its admission sightings for the budget",
+    ),
 )
 
 

@@ -1332,3 +1332,34 @@ def test_rows_filling_the_hot_arrays_grow_their_index_only_within_the_budget(tmp
 
     filled(table, within, first=0)
     assert len(table.cold) > 4 * len(table.index)
+
+
+def test_sightings_of_ids_not_admitted_give_way_to_rows_under_the_budget(tmp_path):
+    # admit_after=2 with a stream of ids seen once: their sightings grow until they would
+    # take the room the table's rows need; the oldest half is then forgotten (as past
+    # max_candidates) rather than a request refused, and the rows trained every step
+    # stay exactly those of a table in RAM
+    config = TableConfig(dim=8, admit_after=2)
+    box: list[TieredTable] = []
+    table = TieredTable(
+        "t", config, directory=str(tmp_path / "cold"), budget=3 << 20, held=lambda: box[0].nbytes
+    )
+    box.append(table)
+    ram = DynamicTable("t", config)
+    hot = np.arange(0, 2000, 7, dtype=np.int64)  # seen every step: admitted at the second
+    rng = np.random.default_rng(0)
+    for k in range(1, 80):
+        once = rng.integers(10**9, 2**62, 1000, dtype=np.int64)  # seen once each
+        ids = np.unique(np.concatenate([hot, once]))
+        train(table, ids, k)  # never refused
+        train(ram, hot, k)
+        assert table.statistics()["refused"] == 0
+        assert table.nbytes <= table.budget, (k, table.nbytes, table.budget)
+    # the sightings were forgotten, not grown past the budget
+    assert table.statistics()["sightings_shed"] > 0 and table.candidates < 79 * 1000 // 2
+    got = by_id(table.export())
+    assert set(hot) <= set(got["ids"])
+    want = by_id(ram.export())
+    at = np.isin(got["ids"], hot)
+    for key in want:
+        np.testing.assert_array_equal(got[key][at], want[key], err_msg=key)

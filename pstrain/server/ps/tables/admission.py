@@ -13,14 +13,17 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...._formats.numerics.idhash import unit_uniform
+from .id_index import IdIndex
 
 if TYPE_CHECKING:
-    from .id_index import IdIndex
     from .table_config import TableConfig
 
 
 class Admission:
     """Which new ids a dynamic table admits, and the sightings of the others."""
+
+    #: Times sightings were forgotten for the budget (:meth:`_shed_sightings`).
+    sightings_shed = 0
 
     if TYPE_CHECKING:
         config: TableConfig
@@ -47,6 +50,7 @@ class Admission:
         while True:  # one compiled pass, unless the sightings fill up: forget, go on
             todo = ids.size - done
             room = min(todo, max(0, cfg.max_candidates - len(self._cand)))
+            self._sightings_room(room)
             self._room_for(room)
             n, added, admits = self._cand.count_sightings(
                 ids[done:],
@@ -90,6 +94,25 @@ class Admission:
         live = self._live_slots()
         self._compact(live[live.size - max(0, min(live.size - live.size // 2, limit - coming, limit - 1)) :])
 
+    def _sightings_room(self, n: int) -> None:
+        """Called before up to ``n`` more ids are counted: a tiered table forgets sightings
+        here while their growth would take its ps past the budget."""
+
+    def _shed_sightings(self) -> bool:
+        """Forget the oldest half of the sightings (at least one) and give back the memory
+        they held, the index and the slots made again for the rest: what a tiered table
+        does when the budget needs that memory for rows. Whether there were any."""
+        live = self._live_slots()
+        if not live.size and not self._cand_counts.size:
+            return False
+        keep = live[(live.size + 1) // 2 :]
+        ids, counts = self._cand_ids[keep], self._cand_counts[keep]
+        self._cand = IdIndex(kernels=self._cand.kernels)
+        self._cand.insert(ids, np.arange(ids.size, dtype=np.int64))
+        self._cand_ids, self._cand_counts, self._cand_used = ids, counts, int(ids.size)
+        self.sightings_shed += 1
+        return True
+
     def _live_slots(self) -> np.ndarray:
         """The slots of the ids still counted, oldest first (an admitted id's count is 0)."""
         return np.flatnonzero(self._cand_counts[: self._cand_used] > 0)
@@ -131,6 +154,7 @@ class Admission:
         if len(self._cand) + ids.size > limit:
             self._forget(ids.size)
             ids = ids[max(0, ids.size - limit) :]
+        self._sightings_room(ids.size)
         self._room_for(ids.size)
         need = self._cand_used + ids.size
         slots = np.arange(self._cand_used, need)

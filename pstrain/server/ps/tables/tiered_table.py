@@ -279,8 +279,29 @@ class TieredTable(TieredSlices, DynamicTable):
         request's rows in RAM and those it would bring back): asked before anything is read
         for it, as :meth:`promote` would refuse it after."""
         limit = self._hot_limit()
+        while needed > limit and self._shed_sightings():
+            limit = self._hot_limit()
         if needed > limit:
             self._refuse_at_once(needed, limit)
+
+    def _sightings_room(self, n: int) -> None:
+        """The sightings of ids not admitted yet (``admit_after``) count in the budget and
+        give way to rows: while counting ``n`` more would take the ps past the budget, the
+        oldest half is forgotten (as past ``max_candidates``) and its memory given back."""
+        while self.held() + self._sightings_growth(n) > self.budget and self._shed_sightings():
+            pass
+
+    def _sightings_growth(self, n: int) -> int:
+        """Bytes the sightings grow by to count ``n`` more ids (the slots doubled, the
+        index rebuilt beside the old one), as :meth:`_room_for` and ``count_sightings``
+        grow them."""
+        grow = 0
+        size = self._cand_counts.size
+        if self._cand_used + n > size and len(self._cand) + n > size // 2:
+            grow += (max(self._cand_used + n, 2 * size, 1024) - size) * 16
+        if self._cand.holds < len(self._cand) + n:
+            grow += self._cand.nbytes_holding(len(self._cand) + n)
+        return grow
 
     def _refuse_at_once(self, needed: int, limit: int) -> NoReturn:
         self.refused += 1
@@ -308,6 +329,8 @@ class TieredTable(TieredSlices, DynamicTable):
         if n <= free:
             return np.empty(0, np.int64)
         if n > limit - protect.size:
+            if self._shed_sightings():  # their memory may be room enough for these rows
+                return self._to_move(n, protect, freeing)
             self._refuse_at_once(n + protect.size, limit)
         picked: dict[int, np.ndarray] = {}  # the rows found for a count that fits only as
         # :meth:`_coldest_in_room` chose them (any coldest fit the other reckoning)
@@ -334,6 +357,8 @@ class TieredTable(TieredSlices, DynamicTable):
             # disk need (both were reckoned against what the ps holds now): grow none
             moving = min(n - unused, len(self.index) - protect.size)
         if not fits(moving, max(0, n - unused - moving)):
+            if self._shed_sightings():  # their memory may be room enough for these rows
+                return self._to_move(n, protect, freeing)
             self.refused += 1
             during = (
                 " (a save is reading this table: the rows in RAM give none of theirs to that index "
@@ -996,6 +1021,7 @@ class TieredTable(TieredSlices, DynamicTable):
             "demoted": self.demoted,
             "compacted": self.compacted,
             "refused": self.refused,
+            "sightings_shed": self.sightings_shed,
             "budget": self.ps_budget,
         }
 
