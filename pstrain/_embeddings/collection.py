@@ -72,6 +72,10 @@ class EmbeddingCollection(Module):
             twice = next(n for i, n in enumerate(names) if n in names[:i])
             raise InvalidArgumentError(f"EmbeddingCollection: two tables are named {twice!r}")
         self.configs = {t.name: t for t in tables}
+        #: Each table's own optimizer (``TableConfig(optimizer=...)``), by table name: what a
+        #: checkpoint of the collection reaches them by, so it holds their slots and step
+        #: counts with the tables (``<collection path>/optimizers/<table>``).
+        self.optimizers = {t.name: t.optimizer for t in tables if t.optimizer is not None}
         #: feature -> the name of its table, in the collection's feature order
         self.feature_tables: dict[str, str] = {}
         for t in tables:

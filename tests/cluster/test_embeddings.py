@@ -591,6 +591,66 @@ async def test_a_collection_and_its_row_wise_slots_round_trip_a_checkpoint(ps_pa
     assert int(await opt2.iterations.numpy()) == 4
 
 
+async def test_tables_with_their_own_optimizers_round_trip_a_checkpoint_of_the_collection(ps_pair, tmp_path):
+    """A collection whose tables name their own optimizers (one shared by two tables, one
+    table's alone, a dynamic table's) is saved with their slots and step counts: restored
+    into a new collection, the next step is bit for bit the original's."""
+
+    def make():
+        shared = pstrain.optimizers.Adam(0.01)
+        collection = EmbeddingCollection(
+            [
+                TableConfig("big", 300, 4, ["a"], optimizer=shared),
+                TableConfig("small", 7, 2, ["b"], combiner="mean", optimizer=shared),
+                TableConfig("own", 50, 2, ["c"], optimizer=pstrain.optimizers.Ftrl(0.1)),
+                TableConfig("dyn", None, 2, ["d"], optimizer=pstrain.optimizers.RowWiseAdagrad(0.2)),
+            ],
+            shard_rows=100,
+        )
+        return collection, pstrain.optimizers.SGD(0.1)  # (no table is left to it)
+
+    rng = np.random.default_rng(5)
+
+    def batch():
+        return {
+            "a": JaggedTensor(rng.integers(0, 300, 9), [4, 0, 5]),
+            "b": JaggedTensor(rng.integers(0, 7, 4), [1, 2, 1]),
+            "c": JaggedTensor(rng.integers(0, 50, 3), [1, 1, 1]),
+            "d": JaggedTensor(rng.integers(0, 2**40, 5), [2, 2, 1]),
+        }
+
+    async def step(collection, opt, features, d):
+        pooled = await collection.lookup(features)
+        await collection.apply_gradients(pooled.gradients(d), opt)
+
+    strategy = strategy_for(*ps_pair)
+    async with strategy.scope():
+        collection, opt = make()
+    for _ in range(3):
+        await step(collection, opt, batch(), rng.standard_normal((3, 10)).astype(np.float32))
+    path = await Checkpoint(model=collection).save(str(tmp_path / "ckpt"))
+    saved = load_variables(path)
+    assert int(saved["model/optimizers/big/iterations"]) == 3  # Adam's, shared: one count
+    assert "model/optimizers/small/iterations" not in saved
+    assert any(k.startswith("model/tables/dyn/slot:") for k in saved), sorted(saved)
+    async with strategy.scope():
+        pstrain.Variable(np.zeros(3, np.float32))  # shifts every generated name
+        collection2, opt2 = make()
+    status = await Checkpoint(model=collection2).restore(path)
+    features, d = batch(), rng.standard_normal((3, 10)).astype(np.float32)
+    await step(collection, opt, features, d)
+    await step(collection2, opt2, features, d)
+    status.assert_consumed()
+    for name in ("big", "small", "own"):
+        assert (await collection.tables[name].numpy()).tobytes() == (
+            await collection2.tables[name].numpy()
+        ).tobytes(), name
+    ids, rows = await collection.tables["dyn"].export()
+    ids2, rows2 = await collection2.tables["dyn"].export()
+    np.testing.assert_array_equal(ids, ids2)
+    assert rows.tobytes() == rows2.tobytes()
+
+
 async def test_dynamic_and_fixed_tables_are_read_in_one_request_per_ps(cluster):
     strategy = pstrain.ParameterServerStrategy(cluster.resolver)
     async with strategy.scope():
