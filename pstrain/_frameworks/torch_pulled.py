@@ -37,8 +37,13 @@ class PulledCollection(torch.nn.Module):
         self.collection = EmbeddingCollection(configs, name=name, **kwargs)
         self._pulled: FetchedBatches[PulledRows] = FetchedBatches()
         # a checkpoint of this module (or of a model holding it, through its RemoteModule)
-        # saves the tables, keyed as TorchRec's state_dict keys them
-        register_view(self, {(self._tables_at, t, "weight"): v for t, v in self.collection.tables.items()})
+        # saves the tables, keyed as TorchRec's state_dict keys them, and the optimizers
+        # tables name themselves (pstrain TableConfigs), as the collection's checkpoint does
+        view: dict[tuple[str, ...], Any] = {
+            (self._tables_at, t, "weight"): v for t, v in self.collection.tables.items()
+        }
+        view.update({("optimizers", t): o for t, o in self.collection.optimizers.items()})
+        register_view(self, view)
 
     @property
     def plan(self) -> Any:

@@ -13,7 +13,7 @@ import torch
 
 import pstrain
 import pstrain.torch as ptorch
-from pstrain import JaggedTensor, KeyedJaggedTensor
+from pstrain import JaggedTensor, KeyedJaggedTensor, TableConfig
 from pstrain.errors import InvalidArgumentError
 from pstrain.partitioners import FixedShardsPartitioner
 from pstrain.testing import InProcessCluster
@@ -485,3 +485,31 @@ async def test_a_checkpoint_saves_the_tables_of_embedding_bags_alone_or_in_a_mod
         await ckpt.restore(path)
         for t, want in zip(tables, saved):
             np.testing.assert_array_equal(await t.numpy(), want)
+
+
+async def test_a_checkpoint_of_an_embedding_bag_collection_saves_its_tables_own_optimizers(tmp_path):
+    """pstrain ``TableConfig``s given to ``pstrain.torch.EmbeddingBagCollection`` may name
+    their own optimizers: a checkpoint of the module saves their slots and step counts
+    beside the tables, keyed by TorchRec's paths, and restores them."""
+    root = str(tmp_path)
+    async with InProcessCluster(
+        num_ps=1, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": root}
+    ) as c:
+        strategy = pstrain.ParameterServerStrategy(c.resolver)
+        async with strategy.scope():
+            opt = pstrain.optimizers.Adagrad(0.5, initial_accumulator_value=0.1)
+            ebc = ptorch.EmbeddingBagCollection([TableConfig("t", 10, 4, ["f"], optimizer=opt)])
+        await ebc.pull({"f": JaggedTensor([1, 2, 2], [2, 1])})
+        pooled = ebc({"f": JaggedTensor([1, 2, 2], [2, 1])})
+        pooled.values().sum().backward()
+        await ebc.collection.apply_gradients(ebc.gradients())  # the table's own optimizer
+        ckpt = pstrain.Checkpoint(ebc=ebc)
+        path = await ckpt.save(f"{root}/ckpt")
+        saved = pstrain.checkpoint.load_variables(path)
+        assert int(saved["ebc/optimizers/t/iterations"]) == 1
+        slots = [k for k in saved if "accumulator" in k]
+        assert slots, sorted(saved)
+        np.testing.assert_allclose(saved[slots[0]][[1, 2]], 0.1 + np.array([[1.0], [4.0]]) * np.ones(4))
+        await opt.iterations.assign(np.int64(7))
+        await ckpt.restore(path)
+        assert int(await opt.iterations.numpy()) == 1
