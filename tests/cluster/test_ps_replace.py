@@ -89,9 +89,10 @@ async def _model(strategy: pstrain.ParameterServerStrategy, directory: str):
     return emb, dense, on_lost, on_kept, opt, CheckpointManager(ckpt, directory)
 
 
-async def _successor(successor: str | None, address: str):
-    """What starts at a lost ps's address: nothing, another kind of server, or another job's
-    ps (its own token); returns what stops it."""
+async def _successor(successor: str | None, address: str, token: str):
+    """What starts at a lost ps's address: nothing, another kind of server, another job's
+    ps (its own token), or this ps restarted empty (a supervisor's restart, this job's
+    token); returns what stops it."""
     port = int(address.rsplit(":", 1)[1])
     if successor is None:
         return None
@@ -110,18 +111,21 @@ async def _successor(successor: str | None, address: str):
             await server.wait_closed()
 
         return stop
-    ps = ParameterServer(1, token="another-jobs-token", port=port)
+    ps = ParameterServer(
+        1, token=token if successor == "restarted empty" else "another-jobs-token", port=port
+    )
     await ps.start()
     return ps.stop
 
 
-@pytest.mark.parametrize("successor", [None, "another server", "another job's ps"])
+@pytest.mark.parametrize("successor", [None, "another server", "another job's ps", "restarted empty"])
 async def test_a_ps_lost_mid_training_is_replaced_from_base_and_deltas_and_training_goes_on(
     tmp_path, successor
 ):
     """Whether its address stays empty or another server answers there after it (a port
     taken, an address given to another machine): a ps reached before is lost, not a
-    misconfiguration."""
+    misconfiguration. So is one a supervisor restarted at once, empty: the closures that
+    find their variables gone there are held while it is replaced, not failed."""
     async with _cluster(tmp_path) as cluster:
         strategy, coordinator = _job(cluster)
         emb, dense, on_lost, on_kept, opt, manager = await _model(strategy, str(tmp_path))
@@ -148,7 +152,7 @@ async def test_a_ps_lost_mid_training_is_replaced_from_base_and_deltas_and_train
 
         coordinator.replace_lost_ps(manager)
         await cluster.ps[1].stop()  # killed: its variables are gone
-        stop_successor = await _successor(successor, cluster.ps[1].address)
+        stop_successor = await _successor(successor, cluster.ps[1].address, cluster.token)
         try:
             await run(LOST, END)  # the first closures fail on ps 1, are held, and run again
         finally:

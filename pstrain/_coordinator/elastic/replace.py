@@ -301,8 +301,9 @@ class PsReplacement:
     def _hold(self, error: BaseException, put_back: Callable[..., Any]) -> bool:
         """A closure failed with ``error``: if a ps could not be reached, hold it (True) until
         that ps is found alive or replaced, then ``put_back()``. If a ps did not know a
-        variable it named, hold it while that ps is asked whether it restarted: the
-        closure then fails with that (``UnavailableError``, as TF's), else with ``error``."""
+        variable it named, hold it while that ps is asked whether it restarted: if it did,
+        it is replaced as a lost one is (ps replaced here) and the closure runs again, or
+        the closure fails with that (``UnavailableError``, as TF's); else with ``error``."""
         task = getattr(error, "task", None)
         if isinstance(error, NotFoundError) and isinstance(task, str) and task.startswith(_PS_TASK):
             self.spawn(self._restarted_or(int(task[len(_PS_TASK) :]), error, put_back))
@@ -320,14 +321,29 @@ class PsReplacement:
         self.spawn(self._check_then_put_back(index, put_back))
         return True
 
-    async def _restarted_or(
-        self, index: int, error: BaseException, resolve: Callable[[BaseException], Any]
-    ) -> None:
-        restarted: BaseException | None = None
+    async def _restarted_or(self, index: int, error: BaseException, resolve: Callable[..., Any]) -> None:
+        """A ps did not know a variable a closure named: if it restarted (empty) and ps are
+        replaced here, it is lost like a silent one, so it is replaced and the closure runs
+        again once that ends (``resolve()``); else the closure fails with the restart, or
+        with ``error`` (``resolve(exc)``)."""
+        outcome: BaseException | None = error
         try:
             restarted = await self.heartbeat.ps_restarted(index)
+            if isinstance(restarted, PsRestartedError):
+                outcome = restarted
+                if self.manager is not None and index not in self.failed:
+                    if index not in self._ending and index in self.changes.placement.active():
+                        self._start(index, restarted)
+                    ending = self._ending.get(index)
+                    if ending is not None:
+                        await ending.wait()
+                    if index not in self.failed:
+                        outcome = None  # replaced (or earlier): the closure runs again
         finally:
-            resolve(restarted if isinstance(restarted, PsRestartedError) else error)
+            if outcome is None:
+                resolve()
+            else:
+                resolve(outcome)
 
     async def _check_then_put_back(self, index: int, put_back: Callable[[], Any]) -> None:
         try:
