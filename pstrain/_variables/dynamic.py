@@ -67,6 +67,7 @@ TIERED_STATISTICS = (
     "compacted",
     "cold_reads",
     "refused",
+    "sightings_shed",
 )
 
 
@@ -349,7 +350,8 @@ class DynamicEmbedding:
         (``hot_rows``) and on disk (``cold_rows``), ``disk_bytes``, the ids of training
         lookups (``looked_up``), rows read back from disk (``promoted``), read from it for
         lookups that do not train and left there (``read_through``) and moved to it
-        (``demoted``), reads from disk (``cold_reads``) and refusals (``refused``)."""
+        (``demoted``), reads from disk (``cold_reads``), refusals (``refused``) and the
+        times ``admit_after``'s sightings were forgotten for the budget (``sightings_shed``)."""
         parts = await asyncio.gather(
             *(self._request(ps, TableStatistics(name=self.key)) for ps in self.holders())
         )

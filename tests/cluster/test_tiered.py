@@ -409,6 +409,45 @@ async def test_tables_on_one_tiered_ps_share_its_ram_and_train_as_in_ram(tmp_pat
         np.testing.assert_array_equal(got_rows, want_rows)
 
 
+async def test_sightings_of_ids_seen_once_give_way_to_the_rows_of_every_table(tmp_path):
+    """A table that admits ids at their second sighting is fed ids seen once, step after
+    step, beside a table that admits all: the sightings it remembers would outgrow the
+    budget, so the oldest are forgotten and the ps refuses nothing; the other table trains
+    exactly as on ps that keep everything in RAM, and each ps stays within its budget."""
+    rng = np.random.default_rng(3)
+    steps = [
+        (np.unique(rng.integers(0, 1 << 50, 2000)), np.unique(rng.zipf(1.2, 512) % IDS).astype(np.int64))
+        for _ in range(40)
+    ]
+
+    async def run(cluster: InProcessCluster) -> tuple[dict, tuple[np.ndarray, np.ndarray]]:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        with strategy.scope():
+            admits = pstrain.DynamicEmbedding(DIM, name="admits", admit_after=2)
+            plain = pstrain.DynamicEmbedding(DIM, name="plain")
+            opt = pstrain.optimizers.Adagrad(0.1)
+        for once, ids in steps:
+            seen = await admits.lookup(once)
+            rows = await plain.lookup(ids)
+            await opt.apply_gradients(
+                [
+                    (pstrain.IndexedSlices(_grad(seen, once), once), admits),
+                    (pstrain.IndexedSlices(_grad(rows, ids), ids), plain),
+                ]
+            )
+        return await admits.statistics(), await plain.export()
+
+    async with InProcessCluster(num_ps=2, num_workers=1, token=TOKEN) as ram:
+        _, want = await run(ram)
+    async with _tiered(tmp_path) as cluster:
+        stats, got = await run(cluster)
+        for ps in cluster.ps:
+            assert ps.table_handlers.held() <= BUDGET
+    assert stats["rows"] == 0 and stats["refused"] == 0 and stats["sightings_shed"] > 0, stats
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
+
+
 def _grad(rows: np.ndarray, ids: np.ndarray) -> np.ndarray:
     return np.tanh(rows + np.sin(ids)[:, None]).astype(np.float32)
 

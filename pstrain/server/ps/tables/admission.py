@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 class Admission:
     """Which new ids a dynamic table admits, and the sightings of the others."""
 
-    #: Times sightings were forgotten for the budget (:meth:`_shed_sightings`).
+    #: Times sightings were forgotten for the budget (:meth:`shed_sightings`).
     sightings_shed = 0
 
     if TYPE_CHECKING:
@@ -98,7 +98,11 @@ class Admission:
         """Called before up to ``n`` more ids are counted: a tiered table forgets sightings
         here while their growth would take its ps past the budget."""
 
-    def _shed_sightings(self) -> bool:
+    def sightings_bytes(self) -> int:
+        """What the sightings hold in RAM (their index and slots)."""
+        return self._cand.nbytes + self._cand_counts.nbytes + self._cand_ids.nbytes
+
+    def shed_sightings(self) -> bool:
         """Forget the oldest half of the sightings (at least one) and give back the memory
         they held, the index and the slots made again for the rest: what a tiered table
         does when the budget needs that memory for rows. Whether there were any."""

@@ -219,7 +219,16 @@ class TableHandlers:
             held=self.held,
             cold_index=self.cold_index,
             segment_rows=self.tiering.segment_rows,
+            shed=self.shed_sightings,
         )
+
+    def shed_sightings(self) -> bool:
+        """Forget the older half of the sightings (``admit_after``) of the table on this ps
+        that remembers the most, for rows of any table that need the RAM: whether one had
+        any. (Not a table set aside for a restore: its arrays are on disk, read back whole.)"""
+        asides = self.restores.asides
+        tables = [t for name, t in self.tables.items() if name not in asides and t.sightings_bytes()]
+        return bool(tables) and max(tables, key=lambda t: t.sightings_bytes()).shed_sightings()
 
     def rows_in_ram(
         self,

@@ -167,6 +167,7 @@ class TieredTable(TieredSlices, DynamicTable):
         cold_index: Callable[[], int] | None = None,
         segment_rows: int = 1 << 20,
         ps_budget: int | None = None,
+        shed: Callable[[], bool] | None = None,
     ) -> None:
         super().__init__(name, config, owner, None, kernels, clock)  # the budget limits it, not a size
         self.budget = budget
@@ -177,6 +178,9 @@ class TieredTable(TieredSlices, DynamicTable):
             directory, config.dim, self.dtype, segment_rows=segment_rows, kernels=self.kernels
         )
         self.cold_index = cold_index or (lambda: self.cold.nbytes)
+        #: Forgets the older half of the sightings of the ps's table that remembers the most
+        #: (this one's if not given), for rows that need the room: whether there were any.
+        self.shed = shed or self.shed_sightings
         self.promoted = self.demoted = self.refused = 0
         self.shrunk = 0  # times the hot set gave RAM to the index of the rows on disk
         #: The rows the hot set may hold since it last gave RAM to the index of the rows on
@@ -279,7 +283,7 @@ class TieredTable(TieredSlices, DynamicTable):
         request's rows in RAM and those it would bring back): asked before anything is read
         for it, as :meth:`promote` would refuse it after."""
         limit = self._hot_limit()
-        while needed > limit and self._shed_sightings():
+        while needed > limit and self.shed():
             limit = self._hot_limit()
         if needed > limit:
             self._refuse_at_once(needed, limit)
@@ -287,8 +291,9 @@ class TieredTable(TieredSlices, DynamicTable):
     def _sightings_room(self, n: int) -> None:
         """The sightings of ids not admitted yet (``admit_after``) count in the budget and
         give way to rows: while counting ``n`` more would take the ps past the budget, the
-        oldest half is forgotten (as past ``max_candidates``) and its memory given back."""
-        while self.held() + self._sightings_growth(n) > self.budget and self._shed_sightings():
+        oldest half of the largest table's sightings is forgotten (as past
+        ``max_candidates``) and its memory given back."""
+        while self.held() + self._sightings_growth(n) > self.budget and self.shed():
             pass
 
     def _sightings_growth(self, n: int) -> int:
@@ -329,7 +334,7 @@ class TieredTable(TieredSlices, DynamicTable):
         if n <= free:
             return np.empty(0, np.int64)
         if n > limit - protect.size:
-            if self._shed_sightings():  # their memory may be room enough for these rows
+            if self.shed():  # their memory may be room enough for these rows
                 return self._to_move(n, protect, freeing)
             self._refuse_at_once(n + protect.size, limit)
         picked: dict[int, np.ndarray] = {}  # the rows found for a count that fits only as
@@ -357,7 +362,7 @@ class TieredTable(TieredSlices, DynamicTable):
             # disk need (both were reckoned against what the ps holds now): grow none
             moving = min(n - unused, len(self.index) - protect.size)
         if not fits(moving, max(0, n - unused - moving)):
-            if self._shed_sightings():  # their memory may be room enough for these rows
+            if self.shed():  # their memory may be room enough for these rows
                 return self._to_move(n, protect, freeing)
             self.refused += 1
             during = (
