@@ -71,7 +71,8 @@ class Optimizer:
     """
 
     kind = ""
-    #: Does the rule need the global step (bias correction)? Then it is read first.
+    #: Does the rule need the global step (bias correction)? Then it is counted first, with
+    #: the gradients of the counter's ps, and the other ps get theirs with it.
     needs_step = False
 
     def __init__(
@@ -191,17 +192,6 @@ class Optimizer:
         pool = it_var.channels()
         with one_operation():
             t: int | None = None
-            if self.needs_step:  # bias correction needs the step: increment first
-
-                async def count(channel: Channel, _: Any) -> int:
-                    reply = await channel.request(
-                        ApplyGradients(rule=rule, prefix=self.name, grads=[], iterations=it_var.key)
-                    )
-                    return int(reply.t)
-
-                (t,) = await routed(pool, [("count", None, None)], lambda _: it_var.channel(), count)
-            else:
-                items.append(("count", None, None))
             if mirror is not None:
                 items.append(("mirror", None, None))
 
@@ -214,9 +204,20 @@ class Optimizer:
                     return mirror.channel()
                 return where[0].channel(where[1]) if kind == "table" else it_var.channel()
 
+            first: list[tuple[str, Any, Any]] = []
+            if self.needs_step:  # bias correction (or a schedule) needs the step: it is
+                # counted first, in one request with the gradients the counter's ps takes;
+                # the other ps then get theirs with the step (one request per ps still)
+                home = it_var.channel()
+                first = [item for item in items if channel_of(item) is home]
+                first.append(("count", None, None))
+                items = [item for item in items if channel_of(item) is not home]
+            else:
+                items.append(("count", None, None))
+
             # the worker's next step may read once every request is written: the ps reads
             # a connection's requests in order (step_order.py)
-            unsent = len({channel_of(item) for item in items})
+            unsent = len({channel_of(item) for item in first}) + len({channel_of(item) for item in items})
 
             def sent() -> None:
                 nonlocal unsent
@@ -244,8 +245,19 @@ class Optimizer:
                 )
                 return int(reply.t) if counts else -1
 
+            deferred: list[tuple[str, Any, Any]] = []
+
+            async def send_first(channel: Channel, group: list[tuple[str, Any, Any]]) -> int:
+                if not any(kind == "count" for kind, _, _ in group):
+                    deferred.extend(group)  # moved off the counter's ps meanwhile: sent
+                    return -1  # with the others, once the step is known
+                return await send(channel, group)
+
             try:
-                results = await routed(pool, items, channel_of, send, _resplit)
+                if first:
+                    t = max(await routed(pool, first, channel_of, send_first, _resplit))
+                    items = deferred + items
+                results = await routed(pool, items, channel_of, send, _resplit) if items else []
             finally:
                 updated()  # this worker's next step may read (step_order.py)
         return t if t is not None else max(results)

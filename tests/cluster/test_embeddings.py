@@ -400,6 +400,52 @@ async def test_a_collection_reads_and_updates_with_one_request_per_ps(ps_pair):
         np.testing.assert_allclose(await t.numpy(), want_tables[name], rtol=1e-5, atol=1e-6, err_msg=name)
 
 
+@pytest.mark.parametrize("kind", ["adam", "schedule"])
+async def test_an_optimizer_that_needs_the_step_still_updates_with_one_request_per_ps(ps_pair, kind):
+    """Adam's bias correction, or a learning-rate schedule, needs the step before the update:
+    it is counted in the request that carries the counter's ps's gradients, and the other
+    ps get theirs with it; each step is the one a numpy Adam (Keras') or SGD takes."""
+    strategy = strategy_for(*ps_pair)
+    async with strategy.scope():
+        collection = EmbeddingCollection(
+            [TableConfig("big", 300, 2, ["a"]), TableConfig("small", 9, 2, ["b"])], shard_rows=100
+        )
+        dense = pstrain.Variable(np.ones(3, np.float32), name="dense")
+        if kind == "adam":
+            opt = pstrain.optimizers.Adam(0.1)
+        else:
+            opt = pstrain.optimizers.SGD(pstrain.schedules.ExponentialDecay(0.5, 1, 0.5))
+    assert collection.plan["big"].ps == [0, 1]
+    want = {name: np.asarray(await t.numpy(), np.float64) for name, t in collection.tables.items()}
+    want["dense"] = np.ones(3)
+    m = {k: np.zeros_like(v) for k, v in want.items()}
+    u = {k: np.zeros_like(v) for k, v in want.items()}
+    features = {"a": JaggedTensor.from_lists([[1, 299], [150]]), "b": JaggedTensor.from_lists([[2], [2, 8]])}
+    for step in range(1, 4):
+        with pstrain.count_requests() as updates:
+            pooled = await collection.lookup(features)
+            d = np.full((2, 4), 0.5 * step, np.float32)
+            grads = [*pooled.gradients(d), (np.full(3, 0.25, np.float32), dense)]
+            await collection.apply_gradients(grads, opt)
+        assert updates.per_op == {"vars/sparse_read": 2, "opt/apply": 2}, updates.per_op
+        assert len(updates.per_task) == 2 and set(updates.per_task.values()) == {2}
+        assert int(await opt.iterations.numpy()) == step
+        for g, var in grads:
+            name = "dense" if var is dense else next(n for n, t in collection.tables.items() if t is var)
+            rows = np.asarray(g.indices) if isinstance(g, pstrain.IndexedSlices) else slice(None)
+            gv = np.asarray(g.values if isinstance(g, pstrain.IndexedSlices) else g, np.float64)
+            if kind == "adam":  # Keras' Adam: the step after the increment
+                m[name][rows] = 0.9 * m[name][rows] + 0.1 * gv
+                u[name][rows] = 0.999 * u[name][rows] + 0.001 * gv * gv
+                lr = 0.1 * np.sqrt(1 - 0.999**step) / (1 - 0.9**step)
+                want[name][rows] -= lr * m[name][rows] / (np.sqrt(u[name][rows]) + 1e-7)
+            else:  # the schedule read at the step before the increment
+                want[name][rows] -= 0.5 * 0.5 ** (step - 1) * gv
+        for name, t in collection.tables.items():
+            np.testing.assert_allclose(await t.numpy(), want[name], rtol=1e-5, atol=1e-6, err_msg=name)
+        np.testing.assert_allclose(await dense.numpy(), want["dense"], rtol=1e-5, atol=1e-6)
+
+
 async def test_random_collections_pool_and_update_as_written_out_with_numpy(ps_pair):
     """Collections of one to five tables (sizes from 3 rows to past the row-sharding
     threshold, widths, combiners, tables shared by features), batches of bags from empty

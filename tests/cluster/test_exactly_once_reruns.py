@@ -81,7 +81,8 @@ async def test_an_apply_that_reached_one_ps_of_two_is_finished_as_the_first_atte
     without the fault ends in, step after step."""
     strategy = strategy_for(*ps_pair)
     ids = np.array([3, 8, 11, 20, 21, 40], np.int64)
-    # (Adam counts the step in an operation of its own first: its bias correction needs it)
+    # (Adam counts the step first, with the counter's ps's gradients: its bias correction
+    # needs it; a rerun that finds it counted applies the rest at that step)
     want_m, want_opt, want_t = await _model(strategy, "want", optimizer)
     got_m, got_opt, got_t = await _model(strategy, "got", optimizer)
     assert {want_m[0].ps_index, want_m[1].ps_index} == {0, 1}

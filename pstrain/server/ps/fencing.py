@@ -176,7 +176,7 @@ class Fencing:
             done = book.get(key[0], {}).get(key[1])
             if done is not None:
                 book.move_to_end(key[0])
-                req = _narrowed(req, done[0], done[2])  # the rest moved here since that attempt
+                req = _narrowed(req, done[0], done[2], done[1])  # the rest moved here since that attempt
                 if not _names(req):
                     return cast(T, done[1])  # applied by an earlier attempt of this closure
             reply = _applied(fn, req, self.before_update(key, req))
@@ -281,10 +281,15 @@ def _names(req: Any) -> list[str]:
     return list(dict.fromkeys([name for name, _ in variables] + [name for name, _ in tables]))
 
 
-def _narrowed(req: Any, applied: set[str], scopes: dict[str, list[Scope]]) -> Any:
+def _narrowed(req: Any, applied: set[str], scopes: dict[str, list[Scope]], reply: Any = None) -> Any:
     """``req`` without the parts already applied: to the variables of ``applied``, and to
-    the ids of each table in the parts ``scopes`` covered."""
+    the ids of each table in the parts ``scopes`` covered. An optimizer step whose counter
+    was counted by the earlier attempt (``reply``: that attempt's) applies the rest at the
+    step counted then, not at a step it would count again."""
     if isinstance(req, ApplyGradients):
+        t = req.t
+        if t is None and req.iterations in applied and isinstance(getattr(reply, "t", None), int):
+            t = reply.t
         tables = [
             left
             for t in req.tables or ()  # (a record from before scopes covers all)
@@ -296,6 +301,7 @@ def _narrowed(req: Any, applied: set[str], scopes: dict[str, list[Scope]]) -> An
             tables=tables or None,
             iterations=None if req.iterations in applied else req.iterations,
             mirror=None if req.mirror in applied else req.mirror,
+            t=t,
         )
     if isinstance(req, UpdateVariables):
         return msgspec.structs.replace(req, updates=[u for u in req.updates if u.name not in applied])
