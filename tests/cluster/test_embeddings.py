@@ -589,6 +589,12 @@ async def test_counting_requests_counts_this_codes_requests_only(ps_server):
     assert set(outer.per_op) == {"vars/read", "vars/assign_add"}
 
 
+async def _train_step(collection, opt, features, d):
+    """A collection's step: look the batch up, apply the pooled output's gradient ``d``."""
+    pooled = await collection.lookup(features)
+    await collection.apply_gradients(pooled.gradients(d), opt)
+
+
 async def test_a_collection_and_its_row_wise_slots_round_trip_a_checkpoint(ps_pair, tmp_path):
     """Restored into a new collection (a new process's names), the next step is bit for bit the
     step the original takes: tables, row-wise accumulators and the step counter came back."""
@@ -608,15 +614,11 @@ async def test_a_collection_and_its_row_wise_slots_round_trip_a_checkpoint(ps_pa
             "b": JaggedTensor(rng.integers(0, 7, 4), [1, 2, 1]),
         }
 
-    async def step(collection, opt, features, d):
-        pooled = await collection.lookup(features)
-        await collection.apply_gradients(pooled.gradients(d), opt)
-
     strategy = strategy_for(*ps_pair)
     async with strategy.scope():
         collection, opt = make()
     for _ in range(3):
-        await step(collection, opt, batch(), rng.standard_normal((3, 6)).astype(np.float32))
+        await _train_step(collection, opt, batch(), rng.standard_normal((3, 6)).astype(np.float32))
     path = await Checkpoint(model=collection, optimizer=opt).save(str(tmp_path / "ckpt"))
     saved = load_variables(path)
     slots = {k: v for k, v in saved.items() if ".OPTIMIZER_SLOT" in k and "accumulator" in k}
@@ -627,8 +629,8 @@ async def test_a_collection_and_its_row_wise_slots_round_trip_a_checkpoint(ps_pa
         collection2, opt2 = make()
     status = await Checkpoint(model=collection2, optimizer=opt2).restore(path)
     features, d = batch(), rng.standard_normal((3, 6)).astype(np.float32)
-    await step(collection, opt, features, d)
-    await step(collection2, opt2, features, d)
+    await _train_step(collection, opt, features, d)
+    await _train_step(collection2, opt2, features, d)
     status.assert_consumed()
     for name in ("big", "small"):
         assert (await collection.tables[name].numpy()).tobytes() == (
@@ -665,15 +667,11 @@ async def test_tables_with_their_own_optimizers_round_trip_a_checkpoint_of_the_c
             "d": JaggedTensor(rng.integers(0, 2**40, 5), [2, 2, 1]),
         }
 
-    async def step(collection, opt, features, d):
-        pooled = await collection.lookup(features)
-        await collection.apply_gradients(pooled.gradients(d), opt)
-
     strategy = strategy_for(*ps_pair)
     async with strategy.scope():
         collection, opt = make()
     for _ in range(3):
-        await step(collection, opt, batch(), rng.standard_normal((3, 10)).astype(np.float32))
+        await _train_step(collection, opt, batch(), rng.standard_normal((3, 10)).astype(np.float32))
     path = await Checkpoint(model=collection).save(str(tmp_path / "ckpt"))
     saved = load_variables(path)
     assert int(saved["model/optimizers/big/iterations"]) == 3  # Adam's, shared: one count
@@ -684,8 +682,8 @@ async def test_tables_with_their_own_optimizers_round_trip_a_checkpoint_of_the_c
         collection2, opt2 = make()
     status = await Checkpoint(model=collection2).restore(path)
     features, d = batch(), rng.standard_normal((3, 10)).astype(np.float32)
-    await step(collection, opt, features, d)
-    await step(collection2, opt2, features, d)
+    await _train_step(collection, opt, features, d)
+    await _train_step(collection2, opt2, features, d)
     status.assert_consumed()
     for name in ("big", "small", "own"):
         assert (await collection.tables[name].numpy()).tobytes() == (
