@@ -287,9 +287,9 @@ def _narrowed(req: Any, applied: set[str], scopes: dict[str, list[Scope]], reply
     was counted by the earlier attempt (``reply``: that attempt's) applies the rest at the
     step counted then, not at a step it would count again."""
     if isinstance(req, ApplyGradients):
-        t = req.t
-        if t is None and req.iterations in applied and isinstance(getattr(reply, "t", None), int):
-            t = reply.t
+        step = req.t
+        if step is None and req.iterations in applied and isinstance(getattr(reply, "t", None), int):
+            step = reply.t
         tables = [
             left
             for t in req.tables or ()  # (a record from before scopes covers all)
@@ -301,7 +301,7 @@ def _narrowed(req: Any, applied: set[str], scopes: dict[str, list[Scope]], reply
             tables=tables or None,
             iterations=None if req.iterations in applied else req.iterations,
             mirror=None if req.mirror in applied else req.mirror,
-            t=t,
+            t=step,
         )
     if isinstance(req, UpdateVariables):
         return msgspec.structs.replace(req, updates=[u for u in req.updates if u.name not in applied])
