@@ -137,19 +137,25 @@ class Admission:
         admitted, so when the slots run out and at most half of them would still be
         counted, the counted ones are moved down instead of the slots growing: the slots
         stay within twice the ids counted at once, however many are admitted over time."""
-        need = self._cand_used + n
-        size = self._cand_counts.size
-        if need <= size:
+        if self._cand_used + n <= self._cand_counts.size:
             return
-        live = self._live_slots()
-        if live.size + n <= size // 2:
-            self._compact(live)
+        size = self._slots_for(n)
+        if size == self._cand_counts.size:
+            self._compact(self._live_slots())
             return
-        size = max(need, 2 * size, 1024)
         self._cand_counts = np.concatenate(
             [self._cand_counts, np.zeros(size - self._cand_counts.size, np.int64)]
         )
         self._cand_ids = np.concatenate([self._cand_ids, np.zeros(size - self._cand_ids.size, np.int64)])
+
+    def _slots_for(self, n: int) -> int:
+        """How many sighting slots :meth:`_room_for` leaves for ``n`` more ids: as many as
+        now while they fit, or once the ids still counted (the index's) move down into at
+        most half of them; else grown (doubled, at least to what is needed)."""
+        need, size = self._cand_used + n, self._cand_counts.size
+        if need <= size or len(self._cand) + n <= size // 2:
+            return size
+        return max(need, 2 * size, 1024)
 
     def _remember(self, ids: np.ndarray) -> None:
         """Start counting ``ids`` (one sighting each); past ``max_candidates`` the oldest

@@ -300,10 +300,7 @@ class TieredTable(TieredSlices, DynamicTable):
         """Bytes the sightings grow by to count ``n`` more ids (the slots doubled, the
         index rebuilt beside the old one), as :meth:`_room_for` and ``count_sightings``
         grow them."""
-        grow = 0
-        size = self._cand_counts.size
-        if self._cand_used + n > size and len(self._cand) + n > size // 2:
-            grow += (max(self._cand_used + n, 2 * size, 1024) - size) * 16
+        grow = (self._slots_for(n) - self._cand_counts.size) * 16  # (an id and a count a slot)
         if self._cand.holds < len(self._cand) + n:
             grow += self._cand.nbytes_holding(len(self._cand) + n)
         return grow
