@@ -23,7 +23,6 @@ pooling on the ps (see docs/ranking-models.md).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -36,7 +35,8 @@ from .._base.exports import expose
 from .._formats.messages.operations import LookupTables, RowRead, SparseRead
 from .._kernels.batches import take_rows
 from .._training.module import Module
-from .._training.step_order import one_update, read_in_order
+from .._training.optimizers import apply_together
+from .._training.step_order import read_in_order
 from .._variables.arrays import IndexedSlices, current_creator
 from .._variables.batched import ensure_created
 from .._variables.dynamic import DynamicEmbedding, TableLookups
@@ -321,7 +321,8 @@ class EmbeddingCollection(Module):
     async def apply_gradients(self, grads_and_vars: Iterable[tuple[Any, Any]], optimizer: Any = None) -> None:
         """Apply the tables' gradients (``pooled.gradients(d)``) and any others: each table's
         with its own optimizer if its config names one, everything else with ``optimizer``,
-        one request per ps per optimizer (so, with one optimizer, one per ps)."""
+        one request per ps for all of them (two to a ps, when two optimizers that need the
+        step, such as Adam, keep their counters on different ps: ``apply_together``)."""
         groups: dict[int, tuple[Any, list[tuple[Any, Any]]]] = {}
         owners = {id(v): self.configs[name].optimizer for name, v in self.tables.items()}
         for pair in grads_and_vars:
@@ -333,12 +334,7 @@ class EmbeddingCollection(Module):
                     "one in its table's TableConfig)"
                 )
             groups.setdefault(id(opt), (opt, []))[1].append(pair)
-        if len(groups) == 1:
-            ((opt, pairs),) = groups.values()
-            await opt.apply_gradients(pairs)
-            return
-        with one_update():  # the next step reads once every optimizer's update is in
-            await asyncio.gather(*(opt.apply_gradients(pairs) for opt, pairs in groups.values()))
+        await apply_together(list(groups.values()))
 
 
 def _parts(table: Variable | ShardedVariable) -> tuple[list[Variable], np.ndarray]:

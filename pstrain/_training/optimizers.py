@@ -31,10 +31,10 @@ import numpy as np
 
 from .._base.checks import number
 from .._base.context import must_await
-from .._base.errors import InvalidArgumentError
+from .._base.errors import InvalidArgumentError, ProtocolError
 from .._base.exports import expose
 from .._base.tags import one_operation
-from .._formats.messages.operations import ApplyGradients
+from .._formats.messages.operations import ApplyGradients, OptimizerStep
 from .._formats.messages.records import OptimizerRule
 from .._formats.numerics import schedules
 from .._formats.numerics.optimizer_rules import slot_specs
@@ -150,11 +150,16 @@ class Optimizer:
     @must_await
     async def apply_gradients(self, grads_and_vars: Iterable[tuple[Any, Any]]) -> int:
         """Apply one step; returns the new ``iterations``. One request per ps, concurrently."""
-        # Items to send, each to the ps holding it: ("grad", part, entry), ("table", channel,
-        # entry) and ("count", None, None), the step counter (its own request if alone).
-        items: list[tuple[str, Any, Any]] = []
+        (step,) = await apply_together([(self, grads_and_vars)])
+        return step
+
+    def _items(self, grads_and_vars: Iterable[tuple[Any, Any]], k: int) -> tuple[list[Item], list[Variable]]:
+        """This optimizer's part of a step: its items (``k``, its place in the step), each
+        for the ps holding it, and the variable parts they update."""
+        # ("grad", part, entry, k), ("table", (table, ps), entry, k); the counters' items
+        # ("count" and "mirror") are added by apply_together
+        items: list[Item] = []
         touched: list[Variable] = []
-        dynamic: list[tuple[DynamicEmbedding, int]] = []
         pairs = [_pair(pair) for pair in grads_and_vars]
         missing = [getattr(var, "name", repr(var)) for grad, var in pairs if grad is None]
         if len(missing) == len(pairs):  # as Keras: a step without a gradient is a mistake
@@ -175,8 +180,7 @@ class Optimizer:
                         "(values, indices=ids)"
                     )
                 for ps, ids, values in var.gradient_groups(grad.indices, grad.values):
-                    items.append(("table", (var, ps), [var.key, ids, values]))
-                    dynamic.append((var, ps))
+                    items.append(("table", (var, ps), [var.key, ids, values], k))
                 continue
             for part, rows, values in _split(grad, var):
                 if part.ps_index is None:
@@ -184,83 +188,137 @@ class Optimizer:
                         "apply_gradients: variables must be created in strategy.scope() (they live on the ps)"
                     )
                 touched.append(part)
-                items.append(("grad", part, [part.key, rows, values]))
-        it_var, mirror = self.iterations, self.iterations_mirror
-        await ensure_created([it_var, *touched, *([mirror] if mirror is not None else [])])
-        await asyncio.gather(*(table.shard_ready(ps) for table, ps in dynamic))
-        rule = OptimizerRule(**self._rule())
-        pool = it_var.channels()
-        with one_operation():
-            t: int | None = None
+                items.append(("grad", part, [part.key, rows, values], k))
+        return items, touched
+
+
+#: One thing an optimizer step sends to a ps: ``(kind, where, entry, k)``, ``k`` the
+#: optimizer's place in the step (:func:`apply_together`).
+Item = tuple[str, Any, Any, int]
+
+
+async def apply_together(steps: list[tuple[Optimizer, Iterable[tuple[Any, Any]]]]) -> list[int]:
+    """One step of each optimizer, on its ``(gradient, variable)`` pairs; returns each one's
+    new ``iterations``. Each ps gets one request for all of them (``opt/apply`` with
+    ``more``), applied all or nothing, concurrently with the others. An optimizer that
+    needs the step (bias correction, a schedule) has it counted first, in the request of
+    the ps holding its counter, and the other ps get their requests once it is known: so
+    one request per ps still, unless two such optimizers keep their counters on different
+    ps (each of those ps then gets a second request, with the other's step)."""
+    optimizers = [opt for opt, _ in steps]
+    if len({id(opt) for opt in optimizers}) != len(optimizers):
+        raise InvalidArgumentError(
+            "apply_together: an optimizer is given twice; give all its gradients at once"
+        )
+    items: list[Item] = []
+    touched: list[Variable] = []
+    for k, (opt, pairs) in enumerate(steps):
+        mine, parts = opt._items(pairs, k)  # noqa: SLF001 - this module's class
+        items += mine
+        touched += parts
+    counters = [opt.iterations for opt in optimizers]
+    mirrors = [opt.iterations_mirror for opt in optimizers]
+    await ensure_created([*counters, *touched, *(mirror for mirror in mirrors if mirror is not None)])
+    dynamic = {(id(where[0]), where[1]): where for kind, where, _, _ in items if kind == "table"}
+    await asyncio.gather(*(table.shard_ready(ps) for table, ps in dynamic.values()))
+    rules = [OptimizerRule(**opt._rule()) for opt in optimizers]  # noqa: SLF001 - this module's class
+    pool = counters[0].channels()
+    steps_now: list[int | None] = [None] * len(optimizers)  # each optimizer's step, once counted
+    with one_operation():
+        for k, mirror in enumerate(mirrors):
+            items.append(("count", None, None, k))
             if mirror is not None:
-                items.append(("mirror", None, None))
+                items.append(("mirror", None, None, k))
 
-            def channel_of(item: tuple[str, Any, Any]) -> Channel:
-                kind, where, _ = item
-                if kind == "grad":
-                    return where.channel()
-                if kind == "mirror":
-                    assert mirror is not None
-                    return mirror.channel()
-                return where[0].channel(where[1]) if kind == "table" else it_var.channel()
+        def channel_of(item: Item) -> Channel:
+            kind, where, _, k = item
+            if kind == "grad":
+                return where.channel()
+            if kind == "table":
+                return where[0].channel(where[1])
+            counter = mirrors[k] if kind == "mirror" else counters[k]
+            assert counter is not None
+            return counter.channel()
 
-            first: list[tuple[str, Any, Any]] = []
-            if self.needs_step:  # bias correction (or a schedule) needs the step: it is
-                # counted first, in one request with the gradients the counter's ps takes;
-                # the other ps then get theirs with the step (one request per ps still)
-                home = it_var.channel()
-                first = [item for item in items if channel_of(item) is home]
-                first.append(("count", None, None))
-                items = [item for item in items if channel_of(item) is not home]
-            else:
-                items.append(("count", None, None))
+        # bias correction (or a schedule) needs the step: it is counted first, in one
+        # request with everything else the counter's ps takes; the other ps then get theirs
+        # with the step (one request per ps still)
+        homes = {counters[k].channel() for k, opt in enumerate(optimizers) if opt.needs_step}
+        first = [item for item in items if channel_of(item) in homes]
+        items = [item for item in items if channel_of(item) not in homes]
 
-            # the worker's next step may read once every request is written: the ps reads
-            # a connection's requests in order (step_order.py)
-            unsent = len({channel_of(item) for item in first}) + len({channel_of(item) for item in items})
+        # the worker's next step may read once every request is written: the ps reads
+        # a connection's requests in order (step_order.py)
+        unsent = len({channel_of(item) for item in first}) + len({channel_of(item) for item in items})
 
-            def sent() -> None:
-                nonlocal unsent
-                unsent -= 1
-                if unsent == 0:
-                    updated()
+        def sent() -> None:
+            nonlocal unsent
+            unsent -= 1
+            if unsent == 0:
+                updated()
 
-            async def send(channel: Channel, group: list[tuple[str, Any, Any]]) -> int:
-                counts = any(kind == "count" for kind, _, _ in group)
-                tables = [entry for kind, _, entry in group if kind == "table"]
-                # grads and tables as lists, not tuples: a list packs flat (a tuple is an ext)
-                mirrored = mirror is not None and any(kind == "mirror" for kind, _, _ in group)
-                reply = await channel.request(
-                    ApplyGradients(
-                        rule=rule,
-                        prefix=self.name,
-                        unique_rows=True,
-                        grads=[entry for kind, _, entry in group if kind == "grad"],
-                        iterations=it_var.key if counts else None,
-                        t=t,
-                        tables=tables or None,
-                        mirror=mirror.key if mirrored and mirror is not None else None,
-                    ),
-                    on_sent=sent,
+        async def send(channel: Channel, group: list[Item]) -> list[tuple[int, int]]:
+            by_optimizer: dict[int, list[Item]] = {}
+            for item in group:
+                by_optimizer.setdefault(item[3], []).append(item)
+            counted = [k for k, part in by_optimizer.items() if any(kind == "count" for kind, *_ in part)]
+            head, *more = (
+                _step(optimizers[k], rules[k], part, steps_now[k]) for k, part in by_optimizer.items()
+            )
+            reply = await channel.request(
+                ApplyGradients(**head, more=[OptimizerStep(**step) for step in more] or None), on_sent=sent
+            )
+            steps = [reply.t, *(reply.more or ())]
+            if len(steps) != len(by_optimizer):
+                raise ProtocolError(
+                    f"malformed reply to opt/apply from {channel.task}: {len(steps)} steps "
+                    f"for {len(by_optimizer)} optimizers"
                 )
-                return int(reply.t) if counts else -1
+            got = dict(zip(by_optimizer, steps))
+            return [(k, int(got[k])) for k in counted]
 
-            deferred: list[tuple[str, Any, Any]] = []
+        deferred: list[Item] = []
 
-            async def send_first(channel: Channel, group: list[tuple[str, Any, Any]]) -> int:
-                if not any(kind == "count" for kind, _, _ in group):
-                    deferred.extend(group)  # moved off the counter's ps meanwhile: sent
-                    return -1  # with the others, once the step is known
-                return await send(channel, group)
+        async def send_first(channel: Channel, group: list[Item]) -> list[tuple[int, int]]:
+            counting = {item[3] for item in group if item[0] == "count"}
+            waits = [  # an optimizer's items that need its step, counted on another ps
+                item
+                for item in group
+                if optimizers[item[3]].needs_step and steps_now[item[3]] is None and item[3] not in counting
+            ]
+            deferred.extend(waits)  # sent with the others, once the steps are known
+            waiting = {id(item) for item in waits}
+            now = [item for item in group if id(item) not in waiting]
+            return await send(channel, now) if now else []
 
-            try:
-                if first:
-                    t = max(await routed(pool, first, channel_of, send_first, _resplit))
-                    items = deferred + items
-                results = await routed(pool, items, channel_of, send, _resplit) if items else []
-            finally:
-                updated()  # this worker's next step may read (step_order.py)
-        return t if t is not None else max(results)
+        try:
+            results = await routed(pool, first, channel_of, send_first, _resplit) if first else []
+            for k, step in (pair for result in results for pair in result):
+                steps_now[k] = step
+            items = deferred + items
+            results = await routed(pool, items, channel_of, send, _resplit) if items else []
+            for k, step in (pair for result in results for pair in result):
+                steps_now[k] = step
+        finally:
+            updated()  # this worker's next step may read (step_order.py)
+    return [int(step or 0) for step in steps_now]
+
+
+def _step(opt: Optimizer, rule: OptimizerRule, part: list[Item], step: int | None) -> dict[str, Any]:
+    """The fields of optimizer ``opt``'s step in a request, from its items ``part``."""
+    kinds = {kind for kind, *_ in part}
+    mirror = opt.iterations_mirror
+    return {
+        "rule": rule,
+        "prefix": opt.name,
+        "unique_rows": True,
+        # grads and tables as lists, not tuples: a list packs flat (a tuple is an ext)
+        "grads": [entry for kind, _, entry, _ in part if kind == "grad"],
+        "tables": [entry for kind, _, entry, _ in part if kind == "table"] or None,
+        "iterations": opt.iterations.key if "count" in kinds else None,
+        "t": step,
+        "mirror": mirror.key if "mirror" in kinds and mirror is not None else None,
+    }
 
 
 def _mirror(iterations: Variable, name: str, placement: Any) -> Variable | None:
@@ -274,16 +332,16 @@ def _mirror(iterations: Variable, name: str, placement: Any) -> Variable | None:
         return Variable(np.int64(0), name=name, trainable=False)
 
 
-def _resplit(group: list[tuple[str, Any, Any]]) -> list[tuple[str, Any, Any]]:
+def _resplit(group: list[Item]) -> list[Item]:
     """A refused group's items again, a dynamic table's ids cut by the newer map (part of
     the table moved to another ps)."""
-    out: list[tuple[str, Any, Any]] = []
-    for kind, where, entry in group:
+    out: list[Item] = []
+    for kind, where, entry, k in group:
         if kind != "table":
-            out.append((kind, where, entry))
+            out.append((kind, where, entry, k))
             continue
         table, (key, ids, values) = where[0], entry
-        out += [("table", (table, ps), [key, ids[pos], values[pos]]) for ps, pos in table.route(ids)]
+        out += [("table", (table, ps), [key, ids[pos], values[pos]], k) for ps, pos in table.route(ids)]
     return out
 
 

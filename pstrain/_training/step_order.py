@@ -16,11 +16,10 @@ The order, per event loop (a worker's closures share one):
 * a step leaves its place once :meth:`Optimizer.apply_gradients
   <pstrain.optimizers.Optimizer.apply_gradients>` has written its request to every ps
   (:func:`updated`): a ps serves one connection's requests in order, and an update whose
-  rows are all in RAM is applied before the next request is read. A collection's tables
-  with optimizers of their own update in several requests per ps, concurrently: the step
-  leaves when all have returned (:func:`one_update`). A step also leaves when
-  its update fails, or when the task that took the place ends, whatever way (an error, a
-  cancel, a step that never updates).
+  rows are all in RAM is applied before the next request is read (a collection's tables
+  with optimizers of their own update in the same requests: ``apply_together``). A step
+  also leaves when its update fails, or when the task that took the place ends, whatever
+  way (an error, a cancel, a step that never updates).
 
 The place is kept in a context variable, so tasks a step starts (``asyncio.gather``) read
 and update as that step, and never wait on their own step. Evaluation reads
@@ -30,13 +29,11 @@ and update as that step, and never wait on their own step. Evaluation reads
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import functools
 import weakref
-from collections.abc import Iterator
 
-__all__ = ["one_update", "read_in_order", "updated"]
+__all__ = ["read_in_order", "updated"]
 
 
 class _Place:
@@ -59,8 +56,6 @@ _mine: contextvars.ContextVar[_Place | None] = contextvars.ContextVar("pstrain_s
 #: Each task's latest place, which it leaves when it ends (one callback per task, however
 #: many steps it runs: a coordinator's main task may run millions).
 _held: weakref.WeakKeyDictionary[asyncio.Task[object], list[_Place]] = weakref.WeakKeyDictionary()
-#: True inside :func:`one_update`: the updates sent there leave the place together.
-_holding: contextvars.ContextVar[bool] = contextvars.ContextVar("pstrain_one_update", default=False)
 
 
 async def read_in_order() -> None:
@@ -93,19 +88,7 @@ def _leave_held(held: list[_Place], _: object) -> None:
 
 def updated() -> None:
     """The running step's update is on its way to every ps (or failed): the next step in
-    line may read (inside :func:`one_update`, when the block ends)."""
+    line may read."""
     place = _mine.get()
-    if place is not None and not _holding.get():
+    if place is not None:
         place.leave()
-
-
-@contextlib.contextmanager
-def one_update() -> Iterator[None]:
-    """The updates applied inside (several optimizers' requests, sent concurrently) count as
-    one: the step leaves its place when the block ends, not when the first is sent."""
-    token = _holding.set(True)
-    try:
-        yield
-    finally:
-        _holding.reset(token)
-        updated()

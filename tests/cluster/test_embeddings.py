@@ -575,6 +575,86 @@ async def test_tables_with_their_own_optimizers_and_a_dynamic_table(cluster):
     np.testing.assert_allclose(dyn, [dyn0[0] - 1.0, dyn0[1] - 2.0], rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("counters", ["one needs the step", "two need the step"])
+async def test_tables_with_their_own_optimizers_update_in_one_request_per_ps(ps_pair, counters):
+    """Tables with optimizers of their own (one shared by two tables, a dynamic table's) and
+    a dense variable under Adam: one ``opt/apply`` per ps a step carries every optimizer's
+    update, and the step is bit for bit what each optimizer's own ``apply_gradients`` gives.
+    Two optimizers that need the step, their counters on different ps, cost those ps a
+    second request (the other's step) and nothing else."""
+    zeros = pstrain.initializers.Zeros()
+
+    def make(tag):
+        rowwise = pstrain.optimizers.RowWiseAdagrad(0.5, initial_accumulator_value=0.1)
+        own = (
+            pstrain.optimizers.Adam(0.1) if counters == "two need the step" else pstrain.optimizers.Ftrl(0.1)
+        )
+        collection = EmbeddingCollection(
+            [
+                TableConfig(f"{tag}big", 300, 4, ["a"], optimizer=rowwise),
+                TableConfig(f"{tag}small", 7, 2, ["b"], combiner="mean", optimizer=rowwise),
+                TableConfig(f"{tag}own", 50, 2, ["c"], optimizer=own),
+                TableConfig(
+                    f"{tag}dyn", None, 2, ["d"], initializer=zeros, optimizer=pstrain.optimizers.Adagrad(0.2)
+                ),
+            ],
+            shard_rows=100,
+        )
+        dense = pstrain.Variable(np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3), name=f"{tag}dense")
+        return collection, dense, pstrain.optimizers.Adam(0.05)
+
+    strategy = strategy_for(*ps_pair)
+    async with strategy.scope():
+        together, dense, adam = make("t")
+        apart, dense2, adam2 = make("a")
+    assert together.plan["tbig"].ps == [0, 1]
+    for name, table in together.tables.items():
+        if together.plan[name].kind != "dynamic":
+            await apart.tables["a" + name[1:]].assign(await table.numpy())
+    homes = {adam.iterations.ps_index, together.configs["town"].optimizer.iterations.ps_index}
+    rng = np.random.default_rng(3)
+    for step in range(1, 4):
+        features = {
+            "a": JaggedTensor(rng.integers(0, 300, 9), [4, 0, 5]),
+            "b": JaggedTensor(rng.integers(0, 7, 4), [1, 2, 1]),
+            "c": JaggedTensor(rng.integers(0, 50, 3), [1, 1, 1]),
+            "d": JaggedTensor(rng.integers(0, 2**40, 5), [2, 2, 1]),
+        }
+        d = rng.standard_normal((3, 10)).astype(np.float32)
+        g = rng.standard_normal((2, 3)).astype(np.float32)
+        pooled = await together.lookup(features)
+        with pstrain.count_requests() as updates:
+            await together.apply_gradients([*pooled.gradients(d), (g, dense)], adam)
+        if counters == "one needs the step" or len(homes) == 1:
+            assert updates.per_op == {"opt/apply": 2} and set(updates.per_task.values()) == {1}, (
+                updates.per_task
+            )
+        else:  # each counter's ps first, with its own step; then the other's step
+            assert updates.per_op == {"opt/apply": 4} and set(updates.per_task.values()) == {2}, (
+                updates.per_task
+            )
+        pooled2 = await apart.lookup(features)
+        groups: dict = {}
+        for grad, var in [*pooled2.gradients(d), (g, dense2)]:
+            name = next((n for n, t in apart.tables.items() if t is var), None)
+            opt = apart.configs[name].optimizer if name is not None else adam2
+            groups.setdefault(id(opt), (opt, []))[1].append((grad, var))
+        for opt, pairs in groups.values():  # each optimizer's own requests
+            await opt.apply_gradients(pairs)
+        assert int(await adam.iterations.numpy()) == step
+        for name, table in together.tables.items():
+            other = apart.tables["a" + name[1:]]
+            if together.plan[name].kind == "dynamic":
+                ids, rows = await table.export()
+                ids2, rows2 = await other.export()
+                order, order2 = np.argsort(ids), np.argsort(ids2)
+                np.testing.assert_array_equal(ids[order], ids2[order2])
+                assert rows[order].tobytes() == rows2[order2].tobytes(), name
+            else:
+                assert (await table.numpy()).tobytes() == (await other.numpy()).tobytes(), (name, step)
+        assert (await dense.numpy()).tobytes() == (await dense2.numpy()).tobytes()
+
+
 async def test_counting_requests_counts_this_codes_requests_only(ps_server):
     async with strategy_for(ps_server).scope():
         v = pstrain.Variable(np.zeros(3, np.float32), name="v")

@@ -17,6 +17,7 @@ from hypothesis import given, settings, strategies as st
 import pstrain
 from pstrain._base.tags import set_dispatch
 from pstrain._formats.messages.operations import ScatterAdd, Update, UpdateKind, UpdateVariables
+from pstrain._training.optimizers import apply_together
 from pstrain._variables.batched import read_variables
 from pstrain.server.ps.before_images import BeforeImages
 from pstrain.server.ps.store import VariableRecord, VariableStore
@@ -48,7 +49,12 @@ async def _train_step(model, opt, table, ids, only_ps=None):
             (i, vals) for ps, i, vals in table.gradient_groups(ids, grads[3][0].values) if ps == only_ps
         ]
         grads = kept + [(pstrain.IndexedSlices(vals, i), table) for i, vals in groups]
-    await opt.apply_gradients(grads)
+    if isinstance(opt, tuple):  # the dense variables' optimizer and the rows' (one request per ps)
+        dense = [(g, var) for g, var in grads if var is w or var is v]
+        rows = [(g, var) for g, var in grads if var is not w and var is not v]
+        await apply_together([(opt[0], dense), (opt[1], rows)])
+    else:
+        await opt.apply_gradients(grads)
 
 
 async def _model(strategy, name, optimizer):
@@ -59,20 +65,19 @@ async def _model(strategy, name, optimizer):
         table = pstrain.DynamicEmbedding(
             4, name=f"{name}/t", initializer=pstrain.initializers.RandomUniform(-0.1, 0.1, seed=7)
         )
-        opt = (
-            pstrain.optimizers.Adam(0.05, name=f"{name}/opt")
-            if optimizer == "adam"
-            else pstrain.optimizers.Adagrad(learning_rate=0.1, name=f"{name}/opt")
-        )
+        adam = pstrain.optimizers.Adam(0.05, name=f"{name}/opt")
+        adagrad = pstrain.optimizers.Adagrad(learning_rate=0.1, name=f"{name}/rows")
+    opt = {"adam": adam, "adagrad": adagrad, "adam and adagrad": (adam, adagrad)}[optimizer]
     return (w, v, e), opt, table
 
 
 async def _state(model, opt, table, ids):
-    values = await read_variables([*model, opt.iterations])
+    counters = [o.iterations for o in (opt if isinstance(opt, tuple) else (opt,))]
+    values = await read_variables([*model, *counters])
     return [*values, await table.lookup(ids, training=False)]
 
 
-@pytest.mark.parametrize("optimizer", ["adagrad", "adam"])
+@pytest.mark.parametrize("optimizer", ["adagrad", "adam", "adam and adagrad"])
 async def test_an_apply_that_reached_one_ps_of_two_is_finished_as_the_first_attempt_computed(
     ps_pair, optimizer
 ):

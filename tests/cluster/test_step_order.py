@@ -121,9 +121,8 @@ async def test_a_step_that_reads_twice_or_runs_several_steps_never_waits_on_itse
 
 
 async def test_tables_with_optimizers_of_their_own_are_read_after_every_update():
-    """Two tables, each with its own optimizer: a step's update is two requests per ps, sent
-    side by side (Adam's after its step count's round trip); the next step on the worker
-    reads after both."""
+    """Two tables, each with its own optimizer (Adam's counting its step first): the next
+    step on the worker reads after the update of both."""
     async with InProcessCluster(num_ps=1, num_workers=1) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
         coordinator = pstrain.ClusterCoordinator(strategy, max_inflight_per_worker=2)

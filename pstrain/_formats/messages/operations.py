@@ -249,7 +249,24 @@ class Fence(Operation[FencedReply], tag="ps/fence"):
 
 
 # -- the parameter server: optimizers and dynamic tables -----------------------------------------
+class OptimizerStep(Record):
+    """Another optimizer's step in an ``opt/apply`` (its ``more``): the fields of the
+    request's own step, applied after it, all or nothing together."""
+
+    rule: OptimizerRule
+    prefix: Name
+    grads: Annotated[list[tuple[Name, Array | None, Array]], msgspec.Meta(max_length=1 << 16)]
+    tables: Annotated[list[tuple[Name, Array, Array]], msgspec.Meta(max_length=1 << 12)] | None = None
+    unique_rows: bool = False
+    iterations: Name | None = None
+    t: Step | None = None
+    mirror: Name | None = None
+
+
 class ApplyGradients(Mutation[StepReply], tag="opt/apply"):
+    """One optimizer step of the variables and tables on this ps; with ``more``, the steps
+    of several optimizers (a collection whose tables have their own), in one request."""
+
     rule: OptimizerRule
     prefix: Name
     grads: Annotated[list[tuple[Name, Array | None, Array]], msgspec.Meta(max_length=1 << 16)]
@@ -260,6 +277,17 @@ class ApplyGradients(Mutation[StepReply], tag="opt/apply"):
     t: Step | None = None
     #: a second step counter (on another ps than ``iterations``) counted in the same step
     mirror: Name | None = None
+    #: other optimizers' steps, each applied after the one before (the reply's ``more``
+    #: gives their steps, in this order)
+    more: Annotated[list[OptimizerStep], msgspec.Meta(max_length=1 << 8)] | None = None
+
+    def steps(self) -> list[ApplyGradients | OptimizerStep]:
+        """This request's optimizer steps: its own, then ``more``'s."""
+        return [self, *(self.more or ())]
+
+    def table_gradients(self) -> list[tuple[str, Any, Any]]:
+        """Every step's ``[table, ids, values]``, in order."""
+        return [entry for step in self.steps() for entry in step.tables or ()]
 
 
 class CreateTable(Operation[CreatedReply], tag="dyn/create"):

@@ -335,6 +335,8 @@ class ListReply(Reply):
 
 class StepReply(Reply):
     t: Step
+    #: the steps of an ``opt/apply``'s ``more``, in order
+    more: list[Step] | None = None
 
 
 class SaveReply(Reply):
@@ -463,7 +465,7 @@ def convert_reply(op: str, record: type[Reply] | None, payload: Any, task: str) 
     ProtocolError naming the op, the peer and the field.
 
     >>> convert_reply("opt/apply", StepReply, {"t": 3}, "ps0")
-    StepReply(t=3)
+    StepReply(t=3, more=None)
     >>> convert_reply("opt/apply", StepReply, {"t": "3"}, "ps0")
     Traceback (most recent call last):
     ...

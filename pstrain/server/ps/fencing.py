@@ -34,6 +34,7 @@ from ..._formats.messages.operations import (
     ApplyGradients,
     CallVariables,
     Fence,
+    OptimizerStep,
     SingleUpdate,
     UpdateVariables,
 )
@@ -46,6 +47,8 @@ logger = logging.getLogger(__name__)
 #: A handler's reply, and the update it handles.
 T = TypeVar("T")
 M = TypeVar("M")
+#: One optimizer step of an ``opt/apply``: the request's own, or one of its ``more``.
+S = TypeVar("S", ApplyGradients, OptimizerStep)
 #: The part of a dynamic table an update covered on a ps: ``(slices, owned)`` (its ids in
 #: ``shard_of(id, slices)`` in ``owned``), or None: every id sent to it.
 Scope = tuple[int, tuple[int, ...]] | None
@@ -180,7 +183,7 @@ class Fencing:
                 if not _names(req):
                     return cast(T, done[1])  # applied by an earlier attempt of this closure
             reply = _applied(fn, req, self.before_update(key, req))
-            tables = req.tables or () if isinstance(req, ApplyGradients) else ()
+            tables = req.table_gradients() if isinstance(req, ApplyGradients) else ()
             self._record(
                 key[0], key[1], _names(req), reply, {t[0]: [self.scope_of(t[0], t[1])] for t in tables}
             )
@@ -258,9 +261,11 @@ def changed(req: Any) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
     """What an update changes: its variables, each with its rows (None: all of it), and its
     dynamic tables, each with its ids."""
     if isinstance(req, ApplyGradients):
-        variables = [(name, rows) for name, rows, _ in req.grads]
-        variables += [(counter, None) for counter in (req.iterations, req.mirror) if counter]
-        return variables, [(name, ids) for name, ids, _ in req.tables or ()]
+        variables: list[tuple[str, Any]] = []
+        for step in req.steps():
+            variables += [(name, rows) for name, rows, _ in step.grads]
+            variables += [(counter, None) for counter in (step.iterations, step.mirror) if counter]
+        return variables, [(name, ids) for name, ids, _ in req.table_gradients()]
     if isinstance(req, UpdateVariables):
         return [(u.name, u.indices if u.op.rows else None) for u in req.updates], []
     if isinstance(req, SingleUpdate):
@@ -287,25 +292,39 @@ def _narrowed(req: Any, applied: set[str], scopes: dict[str, list[Scope]], reply
     was counted by the earlier attempt (``reply``: that attempt's) applies the rest at the
     step counted then, not at a step it would count again."""
     if isinstance(req, ApplyGradients):
-        step = req.t
-        if step is None and req.iterations in applied and isinstance(getattr(reply, "t", None), int):
-            step = reply.t
-        tables = [
-            left
-            for t in req.tables or ()  # (a record from before scopes covers all)
-            if (left := _uncovered(t, scopes.get(t[0], [None] if t[0] in applied else []))) is not None
+        counted = [getattr(reply, "t", None), *(getattr(reply, "more", None) or ())]
+        more = [
+            _narrowed_step(step, applied, scopes, counted[i] if i < len(counted) else None)
+            for i, step in enumerate(req.more or (), 1)
         ]
-        return msgspec.structs.replace(
-            req,
-            grads=[g for g in req.grads if g[0] not in applied],
-            tables=tables or None,
-            iterations=None if req.iterations in applied else req.iterations,
-            mirror=None if req.mirror in applied else req.mirror,
-            t=step,
-        )
+        return _narrowed_step(req, applied, scopes, counted[0], more=more or None)
     if isinstance(req, UpdateVariables):
         return msgspec.structs.replace(req, updates=[u for u in req.updates if u.name not in applied])
     return None if set(_names(req)) <= applied else req
+
+
+def _narrowed_step(
+    step: S, applied: set[str], scopes: dict[str, list[Scope]], counted: Any, **more: Any
+) -> S:
+    """One optimizer step of an ``opt/apply`` without the parts already applied, at the
+    step ``counted`` by the earlier attempt if that attempt counted its counter."""
+    at = step.t
+    if at is None and step.iterations in applied and isinstance(counted, int):
+        at = counted
+    tables = [
+        left
+        for t in step.tables or ()  # (a record from before scopes covers all)
+        if (left := _uncovered(t, scopes.get(t[0], [None] if t[0] in applied else []))) is not None
+    ]
+    return msgspec.structs.replace(
+        step,
+        grads=[g for g in step.grads if g[0] not in applied],
+        tables=tables or None,
+        iterations=None if step.iterations in applied else step.iterations,
+        mirror=None if step.mirror in applied else step.mirror,
+        t=at,
+        **more,
+    )
 
 
 def _uncovered(entry: Any, scopes: list[Scope]) -> Any:

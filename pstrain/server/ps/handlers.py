@@ -262,8 +262,8 @@ class ParameterServer(ServerBase):
             ApplyGradients,
             in_ram(
                 self.fencing.guarded(self.apply_optimizer),
-                lambda req: [(n, i) for n, i, _ in req.tables or ()],
-                check=lambda req: self.table_handlers.check_gradients(req.tables or (), held=False),
+                lambda req: [(n, i) for n, i, _ in req.table_gradients()],
+                check=lambda req: self.table_handlers.check_gradients(req.table_gradients(), held=False),
             ),
         )
         if tiering is not None:  # variables and their slots count against the budget too
