@@ -55,7 +55,18 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("pstrain.optimizers")
 
-__all__ = ["SGD", "Adagrad", "Adam", "AdamW", "Ftrl", "Optimizer", "RMSprop", "RowWiseAdagrad", "schedules"]
+__all__ = [
+    "SGD",
+    "Adagrad",
+    "Adam",
+    "AdamW",
+    "Ftrl",
+    "Optimizer",
+    "RMSprop",
+    "RowWiseAdagrad",
+    "apply_together",
+    "schedules",
+]
 
 _counts: dict[str, itertools.count[int]] = {}
 
@@ -197,19 +208,38 @@ class Optimizer:
 Item = tuple[str, Any, Any, int]
 
 
-async def apply_together(steps: list[tuple[Optimizer, Iterable[tuple[Any, Any]]]]) -> list[int]:
-    """One step of each optimizer, on its ``(gradient, variable)`` pairs; returns each one's
-    new ``iterations``. Each ps gets one request for all of them (``opt/apply`` with
-    ``more``), applied all or nothing, concurrently with the others. An optimizer that
-    needs the step (bias correction, a schedule) has it counted first, in the request of
-    the ps holding its counter, and the other ps get their requests once it is known: so
-    one request per ps still, unless two such optimizers keep their counters on different
-    ps (each of those ps then gets a second request, with the other's step)."""
+@must_await
+async def apply_together(steps: Iterable[tuple[Optimizer, Iterable[tuple[Any, Any]]]]) -> list[int]:
+    """Apply a step of several optimizers, each on its ``(gradient, variable)`` pairs, in one
+    request per ps for all of them; returns each optimizer's new ``iterations``, in order.
+
+    What TorchRec's ``CombinedOptimizer`` does for a fused table optimizer and a dense one,
+    or a TF model with an optimizer for its wide part and another for its deep part::
+
+        await pstrain.optimizers.apply_together(
+            [(table_optimizer, ebc.gradients()), (dense_optimizer, remote.gradients())]
+        )
+
+    Each ps applies its part of every step in turn, all or nothing, as one
+    ``apply_gradients`` would. An optimizer that needs the step (Adam's bias correction,
+    a learning-rate schedule) has it counted first, in the request to the ps holding its
+    ``iterations``; the other ps get theirs once it is known. Two such optimizers whose
+    counters are on different ps cost each of those ps a second request. An optimizer
+    given twice is refused: give it all its pairs at once."""
+    steps = list(steps)
+    for given in steps:
+        if not (isinstance(given, (tuple, list)) and len(given) == 2 and isinstance(given[0], Optimizer)):
+            raise InvalidArgumentError(
+                "apply_together takes (optimizer, [(gradient, variable), ...]) pairs; got "
+                f"{type(given).__name__} {str(given)[:60]}"
+            )
     optimizers = [opt for opt, _ in steps]
     if len({id(opt) for opt in optimizers}) != len(optimizers):
         raise InvalidArgumentError(
-            "apply_together: an optimizer is given twice; give all its gradients at once"
+            "apply_together: an optimizer is given twice; give all its (gradient, variable) pairs at once"
         )
+    if not steps:
+        raise InvalidArgumentError("apply_together: no (optimizer, pairs) given")
     items: list[Item] = []
     touched: list[Variable] = []
     for k, (opt, pairs) in enumerate(steps):

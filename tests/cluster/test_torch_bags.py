@@ -451,6 +451,53 @@ async def test_torchrecs_dlrm_trains_with_its_tables_and_dense_parameters_on_the
         ptorch.MLP(3, [4], activation="swish_layernorm")
 
 
+async def test_a_torchrec_users_table_and_dense_optimizers_update_in_one_request_per_ps(ps_pair):
+    """TorchRec's ``CombinedOptimizer`` (row-wise Adagrad fused into the tables, SGD for the
+    dense parameters) as ``pstrain.optimizers.apply_together``: both steps in one request
+    per ps, each optimizer's rule on its own variables."""
+    configs = [
+        ptorch.EmbeddingBagConfig(name="big", embedding_dim=4, num_embeddings=400, feature_names=["a", "b"]),
+        ptorch.EmbeddingBagConfig(name="small", embedding_dim=4, num_embeddings=9, feature_names=["c"]),
+    ]
+    async with strategy_for(*ps_pair).scope():
+        ebc = ptorch.EmbeddingBagCollection(configs, shard_rows=100)
+        model = ptorch.DLRM(
+            ebc, dense_in_features=3, dense_arch_layer_sizes=[6, 4], over_arch_layer_sizes=[5, 1]
+        )
+        remote = ptorch.RemoteModule(model, name="dlrm")
+        rowwise = pstrain.optimizers.RowWiseAdagrad(0.5, initial_accumulator_value=0.1)
+        sgd = pstrain.optimizers.SGD(0.1)
+    kjt = KeyedJaggedTensor(["a", "b", "c"], [1, 399, 1, 5, 5, 0, 8, 8, 2], lengths=[3, 0, 2, 1, 1, 2])
+    await ebc.pull(kjt)
+    await remote.pull()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    tables = {n: await t.numpy() for n, t in ebc.collection.tables.items()}
+    logits = model(torch.tensor([[0.5, -1.0, 2.0], [1.5, 0.0, -0.5]]), kjt)
+    ((logits - torch.tensor([[1.0], [-1.0]])) ** 2).sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    table_grads = ebc.gradients()
+    with pstrain.count_requests() as updates:
+        steps = await pstrain.optimizers.apply_together([(rowwise, table_grads), (sgd, remote.gradients())])
+    assert steps == [1, 1]
+    assert updates.per_op == {"opt/apply": 2} and sorted(updates.per_task.values()) == [1, 1], (
+        updates.per_task
+    )
+    await remote.pull()
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.detach(), before[n] - 0.1 * grads[n])
+    for grad, table in table_grads:
+        want = tables[table.name.rsplit("/", 1)[-1]].copy()
+        rows, g = np.asarray(grad.indices), np.asarray(grad.values, np.float64)
+        acc = 0.1 + (g * g).mean(axis=1, keepdims=True)
+        want[rows] -= 0.5 * g / (np.sqrt(acc) + 1e-8)
+        np.testing.assert_allclose(await table.numpy(), want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(InvalidArgumentError, match="given twice"):
+        await pstrain.optimizers.apply_together([(sgd, table_grads), (sgd, remote.gradients())])
+    with pytest.raises(InvalidArgumentError, match="takes \\(optimizer"):
+        await pstrain.optimizers.apply_together([table_grads])
+    assert int(await sgd.iterations.numpy()) == 1  # the refused steps applied nothing
+
+
 async def test_a_checkpoint_saves_the_tables_of_embedding_bags_alone_or_in_a_model(tmp_path):
     """``pstrain.torch.EmbeddingBag`` and ``Embedding`` keep their tables on the ps: a
     checkpoint of one, or of a model holding one behind its RemoteModule, saves the table

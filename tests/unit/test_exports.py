@@ -125,7 +125,7 @@ ADDED = {
         "HashedCrossing",
         "Discretization",
     },
-    "pstrain.optimizers": {"RowWiseAdagrad"},
+    "pstrain.optimizers": {"RowWiseAdagrad", "apply_together"},  # one request per ps for several (issue 61)
     # what TF's embedding_lookup of ragged ids gives (its RaggedTensor of rows)
     "pstrain.nn": {"RaggedRows"},
     "pstrain.jax": {"PooledLookup", "pooled_lookup"},
