@@ -383,8 +383,9 @@ def _collection_batch(step: int) -> tuple[Any, np.ndarray]:
 @pytest.mark.parametrize("tiered", [False, True])
 async def test_a_collections_tables_train_exactly_while_a_ps_joins_and_one_leaves(tmp_path, tiered):
     """A collection's small, row-sharded and dynamic tables and a dense variable, read and
-    updated in one request per ps by two workers, while a ps joins and one leaves: every
-    row ends as the steps' gradients give it, none lost or applied twice."""
+    updated in one request per ps by two workers (two tables with optimizers of their own,
+    their steps in the same requests), while a ps joins and one leaves: every row ends as
+    the steps' gradients give it, none lost or applied twice."""
     # (pooled columns in the collection's feature order: its tables', each table's features)
     steps, dims = 60, {"a": ("small", 0), "b": ("big", 3), "d": ("big", 6), "c": ("dyn", 9)}
     tier = {"tier": str(tmp_path / "tier")} if tiered else {}
@@ -394,9 +395,13 @@ async def test_a_collections_tables_train_exactly_while_a_ps_joins_and_one_leave
         async with strategy.scope():
             collection = pstrain.EmbeddingCollection(
                 [
-                    pstrain.TableConfig("small", 50, 3, ["a"], initializer=zeros),
+                    pstrain.TableConfig(
+                        "small", 50, 3, ["a"], initializer=zeros, optimizer=pstrain.optimizers.SGD(1.0)
+                    ),
                     pstrain.TableConfig("big", 3000, 3, ["b", "d"], initializer=zeros),
-                    pstrain.TableConfig("dyn", None, 3, ["c"], initializer=zeros),
+                    pstrain.TableConfig(
+                        "dyn", None, 3, ["c"], initializer=zeros, optimizer=pstrain.optimizers.SGD(1.0)
+                    ),
                 ],
                 shard_rows=1000,
             )
@@ -438,6 +443,8 @@ async def test_a_collections_tables_train_exactly_while_a_ps_joins_and_one_leave
         if tiered:  # (the dynamic table has rows on disk)
             assert (await collection.tables["dyn"].statistics())["cold_rows"] > 0
         np.testing.assert_array_equal(np.asarray(await dense.read_value()), np.full(5, -steps, np.float32))
+        for counted in (opt, *collection.optimizers.values()):  # each step counted once
+            assert int(await counted.iterations.numpy()) == steps
 
 
 @pytest.mark.parametrize("tiered", [False, True])
