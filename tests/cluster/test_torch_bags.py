@@ -400,24 +400,29 @@ def test_a_keyed_jagged_tensor_permutes_splits_and_moves_as_torchrecs():
             bad()
 
 
-async def test_torchrecs_dlrm_trains_with_its_tables_and_dense_parameters_on_the_ps(ps_pair):
-    """``pstrain.torch.DLRM`` over a sharded EmbeddingBagCollection, its dense parameters
-    kept on the ps by a RemoteModule: a step pulls both (one request per ps for the rows),
-    and SGD on the ps moves every parameter and looked-up row by its gradient."""
+def _small_dlrm(*optimizers):
+    """``pstrain.torch.DLRM`` over a row-sharded table (features a, b) and a small one (c),
+    its dense parameters behind a RemoteModule; made in the caller's strategy scope with
+    ``optimizers`` (called there), and a batch of two examples."""
     configs = [
         ptorch.EmbeddingBagConfig(name="big", embedding_dim=4, num_embeddings=400, feature_names=["a", "b"]),
         ptorch.EmbeddingBagConfig(name="small", embedding_dim=4, num_embeddings=9, feature_names=["c"]),
     ]
-    async with strategy_for(*ps_pair).scope():
-        ebc = ptorch.EmbeddingBagCollection(configs, shard_rows=100)
-        model = ptorch.DLRM(
-            ebc, dense_in_features=3, dense_arch_layer_sizes=[6, 4], over_arch_layer_sizes=[5, 1]
-        )
-        remote = ptorch.RemoteModule(model, name="dlrm")
-        opt = pstrain.optimizers.SGD(0.1)
-    assert ebc.plan["big"].kind == "row-sharded" and len(remote.variables) == 8  # the dense parts only
+    ebc = ptorch.EmbeddingBagCollection(configs, shard_rows=100)
+    model = ptorch.DLRM(ebc, dense_in_features=3, dense_arch_layer_sizes=[6, 4], over_arch_layer_sizes=[5, 1])
+    remote = ptorch.RemoteModule(model, name="dlrm")
     kjt = KeyedJaggedTensor(["a", "b", "c"], [1, 399, 1, 5, 5, 0, 8, 8, 2], lengths=[3, 0, 2, 1, 1, 2])
     dense = torch.tensor([[0.5, -1.0, 2.0], [1.5, 0.0, -0.5]])
+    return ebc, model, remote, [make() for make in optimizers], kjt, dense
+
+
+async def test_torchrecs_dlrm_trains_with_its_tables_and_dense_parameters_on_the_ps(ps_pair):
+    """``pstrain.torch.DLRM`` over a sharded EmbeddingBagCollection, its dense parameters
+    kept on the ps by a RemoteModule: a step pulls both (one request per ps for the rows),
+    and SGD on the ps moves every parameter and looked-up row by its gradient."""
+    async with strategy_for(*ps_pair).scope():
+        ebc, model, remote, (opt,), kjt, dense = _small_dlrm(lambda: pstrain.optimizers.SGD(0.1))
+    assert ebc.plan["big"].kind == "row-sharded" and len(remote.variables) == 8  # the dense parts only
     with pstrain.count_requests() as reads:
         await ebc.pull(kjt)
     assert reads.to("ps") == 2
@@ -455,24 +460,16 @@ async def test_a_torchrec_users_table_and_dense_optimizers_update_in_one_request
     """TorchRec's ``CombinedOptimizer`` (row-wise Adagrad fused into the tables, SGD for the
     dense parameters) as ``pstrain.optimizers.apply_together``: both steps in one request
     per ps, each optimizer's rule on its own variables."""
-    configs = [
-        ptorch.EmbeddingBagConfig(name="big", embedding_dim=4, num_embeddings=400, feature_names=["a", "b"]),
-        ptorch.EmbeddingBagConfig(name="small", embedding_dim=4, num_embeddings=9, feature_names=["c"]),
-    ]
     async with strategy_for(*ps_pair).scope():
-        ebc = ptorch.EmbeddingBagCollection(configs, shard_rows=100)
-        model = ptorch.DLRM(
-            ebc, dense_in_features=3, dense_arch_layer_sizes=[6, 4], over_arch_layer_sizes=[5, 1]
+        ebc, model, remote, (rowwise, sgd), kjt, dense = _small_dlrm(
+            lambda: pstrain.optimizers.RowWiseAdagrad(0.5, initial_accumulator_value=0.1),
+            lambda: pstrain.optimizers.SGD(0.1),
         )
-        remote = ptorch.RemoteModule(model, name="dlrm")
-        rowwise = pstrain.optimizers.RowWiseAdagrad(0.5, initial_accumulator_value=0.1)
-        sgd = pstrain.optimizers.SGD(0.1)
-    kjt = KeyedJaggedTensor(["a", "b", "c"], [1, 399, 1, 5, 5, 0, 8, 8, 2], lengths=[3, 0, 2, 1, 1, 2])
     await ebc.pull(kjt)
     await remote.pull()
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     tables = {n: await t.numpy() for n, t in ebc.collection.tables.items()}
-    logits = model(torch.tensor([[0.5, -1.0, 2.0], [1.5, 0.0, -0.5]]), kjt)
+    logits = model(dense, kjt)
     ((logits - torch.tensor([[1.0], [-1.0]])) ** 2).sum().backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     table_grads = ebc.gradients()
