@@ -34,7 +34,7 @@ from .._base.context import must_await
 from .._base.errors import InvalidArgumentError, ProtocolError
 from .._base.exports import expose
 from .._base.tags import one_operation
-from .._formats.messages.operations import ApplyGradients, OptimizerStep
+from .._formats.messages.operations import MORE_GRADS, MORE_STEPS, MORE_TABLES, ApplyGradients, OptimizerStep
 from .._formats.messages.records import OptimizerRule
 from .._formats.numerics import schedules
 from .._formats.numerics.optimizer_rules import slot_specs
@@ -291,21 +291,26 @@ async def apply_together(steps: Iterable[tuple[Optimizer, Iterable[tuple[Any, An
             by_optimizer: dict[int, list[Item]] = {}
             for item in group:
                 by_optimizer.setdefault(item[3], []).append(item)
-            counted = [k for k, part in by_optimizer.items() if any(kind == "count" for kind, *_ in part)]
-            head, *more = (
-                _step(optimizers[k], rules[k], part, steps_now[k]) for k, part in by_optimizer.items()
-            )
-            reply = await channel.request(
-                ApplyGradients(**head, more=[OptimizerStep(**step) for step in more] or None), on_sent=sent
-            )
-            steps = [reply.t, *(reply.more or ())]
-            if len(steps) != len(by_optimizer):
-                raise ProtocolError(
-                    f"malformed reply to opt/apply from {channel.task}: {len(steps)} steps "
-                    f"for {len(by_optimizer)} optimizers"
+            requests = _requests(by_optimizer)
+            counted = []
+            for n, parts in enumerate(requests, 1):  # (one request, unless too many optimizers)
+                head, *more = (_step(optimizers[k], rules[k], part, steps_now[k]) for k, part in parts)
+                reply = await channel.request(
+                    ApplyGradients(**head, more=[OptimizerStep(**step) for step in more] or None),
+                    on_sent=sent if n == len(requests) else None,
                 )
-            got = dict(zip(by_optimizer, steps))
-            return [(k, int(got[k])) for k in counted]
+                steps = [reply.t, *(reply.more or ())]
+                if len(steps) != len(parts):
+                    raise ProtocolError(
+                        f"malformed reply to opt/apply from {channel.task}: {len(steps)} steps "
+                        f"for {len(parts)} optimizers"
+                    )
+                counted += [
+                    (k, int(t))
+                    for (k, part), t in zip(parts, steps)
+                    if any(kind == "count" for kind, *_ in part)
+                ]
+            return counted
 
         deferred: list[Item] = []
 
@@ -332,6 +337,23 @@ async def apply_together(steps: Iterable[tuple[Optimizer, Iterable[tuple[Any, An
         finally:
             updated()  # this worker's next step may read (step_order.py)
     return [int(step or 0) for step in steps_now]
+
+
+def _requests(by_optimizer: dict[int, list[Item]]) -> list[list[tuple[int, list[Item]]]]:
+    """The optimizers' parts for one ps, as requests: one, the largest part its own step and
+    the others in ``more``, unless more than ``MORE_STEPS`` others, or one past what a step
+    in ``more`` may name, need requests of their own."""
+    parts = sorted(by_optimizer.items(), key=lambda kv: -len(kv[1]))
+    requests: list[list[tuple[int, list[Item]]]] = []
+    for k, part in parts:
+        grads = sum(kind == "grad" for kind, *_ in part)
+        tables = sum(kind == "table" for kind, *_ in part)
+        fits = grads <= MORE_GRADS and tables <= MORE_TABLES
+        if requests and fits and len(requests[-1]) <= MORE_STEPS:
+            requests[-1].append((k, part))
+        else:
+            requests.append([(k, part)])
+    return requests
 
 
 def _step(opt: Optimizer, rule: OptimizerRule, part: list[Item], step: int | None) -> dict[str, Any]:

@@ -7,7 +7,15 @@ import pytest
 
 import pstrain
 from pstrain import rpc
-from pstrain._formats.messages.operations import ListVariables, ReadVariables
+from pstrain._formats.messages.operations import (
+    MORE_STEPS,
+    ApplyGradients,
+    ListVariables,
+    OptimizerStep,
+    ReadVariables,
+)
+from pstrain._formats.messages.records import OptimizerRule
+from pstrain.errors import InvalidArgumentError
 from pstrain.partitioners import FixedShardsPartitioner
 from tests.helpers import TOKEN, strategy_for
 
@@ -477,3 +485,27 @@ async def test_training_from_workers(cluster):
     np.testing.assert_allclose(await w.numpy(), target, atol=1e-3)
     assert await opt.iterations.numpy() == 60
     await coordinator.close()
+
+
+async def test_optimizers_past_what_one_request_carries_update_in_more_requests(ps_server):
+    """``apply_together`` with more optimizers on one ps than one ``opt/apply`` may carry
+    (``MORE_STEPS`` besides its own) sends the rest in another request, and every
+    optimizer's rule updates its own variable; a request past the limit, sent by hand, is
+    refused by name and changes nothing."""
+    n = MORE_STEPS + 5
+    async with strategy_for(ps_server).scope():
+        variables = [pstrain.Variable(np.full(2, float(k), np.float32), name=f"v{k}") for k in range(n)]
+        optimizers = [pstrain.optimizers.SGD(0.5 + k) for k in range(n)]
+    steps = [(opt, [(np.ones(2, np.float32), v)]) for opt, v in zip(optimizers, variables)]
+    with pstrain.count_requests() as updates:
+        counted = await pstrain.optimizers.apply_together(steps)
+    assert counted == [1] * n
+    assert updates.per_op == {"opt/apply": 2}, updates.per_op
+    for k, v in enumerate(variables):
+        np.testing.assert_array_equal(await v.numpy(), np.full(2, k - (0.5 + k), np.float32))
+    rule = OptimizerRule(kind="sgd", learning_rate=1.0)
+    one = OptimizerStep(rule=rule, prefix="p", grads=[[variables[0].key, None, np.ones(2, np.float32)]])
+    too_many = ApplyGradients(rule=rule, prefix="p", grads=[], more=[one] * (MORE_STEPS + 1))
+    with pytest.raises(InvalidArgumentError, match="more"):
+        await variables[0].channel().request(too_many)
+    np.testing.assert_array_equal(await variables[0].numpy(), np.full(2, -0.5, np.float32))

@@ -55,7 +55,17 @@ from .records import (
     ValuesReply,
 )
 
-__all__ = ["CREATE_CHUNK_BYTES", "OPERATIONS", "SINGLE_UPDATES", "Request", "UpdateKind", "operation"]
+__all__ = [
+    "CREATE_CHUNK_BYTES",
+    "MORE_GRADS",
+    "MORE_STEPS",
+    "MORE_TABLES",
+    "OPERATIONS",
+    "SINGLE_UPDATES",
+    "Request",
+    "UpdateKind",
+    "operation",
+]
 
 
 # -- every task ---------------------------------------------------------------------------------------
@@ -249,14 +259,22 @@ class Fence(Operation[FencedReply], tag="ps/fence"):
 
 
 # -- the parameter server: optimizers and dynamic tables -----------------------------------------
+#: Other optimizers' steps one ``opt/apply`` may carry (its ``more``), and the gradients of
+#: variables and of tables each of those may name: together, at most a few times the
+#: entries of the request's own step (a request's decoded entries follow the bytes sent).
+MORE_STEPS = 1 << 5
+MORE_GRADS = 1 << 12
+MORE_TABLES = 1 << 10
+
+
 class OptimizerStep(Record):
     """Another optimizer's step in an ``opt/apply`` (its ``more``): the fields of the
     request's own step, applied after it, all or nothing together."""
 
     rule: OptimizerRule
     prefix: Name
-    grads: Annotated[list[tuple[Name, Array | None, Array]], msgspec.Meta(max_length=1 << 16)]
-    tables: Annotated[list[tuple[Name, Array, Array]], msgspec.Meta(max_length=1 << 12)] | None = None
+    grads: Annotated[list[tuple[Name, Array | None, Array]], msgspec.Meta(max_length=MORE_GRADS)]
+    tables: Annotated[list[tuple[Name, Array, Array]], msgspec.Meta(max_length=MORE_TABLES)] | None = None
     unique_rows: bool = False
     iterations: Name | None = None
     t: Step | None = None
@@ -279,7 +297,7 @@ class ApplyGradients(Mutation[StepReply], tag="opt/apply"):
     mirror: Name | None = None
     #: other optimizers' steps, each applied after the one before (the reply's ``more``
     #: gives their steps, in this order)
-    more: Annotated[list[OptimizerStep], msgspec.Meta(max_length=1 << 8)] | None = None
+    more: Annotated[list[OptimizerStep], msgspec.Meta(max_length=MORE_STEPS)] | None = None
 
     def steps(self) -> list[ApplyGradients | OptimizerStep]:
         """This request's optimizer steps: its own, then ``more``'s."""
