@@ -321,8 +321,7 @@ class EmbeddingCollection(Module):
     async def apply_gradients(self, grads_and_vars: Iterable[tuple[Any, Any]], optimizer: Any = None) -> None:
         """Apply the tables' gradients (``pooled.gradients(d)``) and any others: each table's
         with its own optimizer if its config names one, everything else with ``optimizer``,
-        one request per ps for all of them (two to a ps, when two optimizers that need the
-        step, such as Adam, keep their counters on different ps: ``apply_together``)."""
+        one request per ps for all of them (``apply_together``)."""
         groups: dict[int, tuple[Any, list[tuple[Any, Any]]]] = {}
         owners = {id(v): self.configs[name].optimizer for name, v in self.tables.items()}
         for pair in grads_and_vars:

@@ -21,10 +21,11 @@ variable, incremented once per ``apply_gradients`` by whichever worker calls it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -116,15 +117,22 @@ class Optimizer:
             self.learning_rate = float(learning_rate)
         n = next(_counts.setdefault(type(self).__name__, itertools.count()))
         self.name = name or (type(self).__name__ if n == 0 else f"{type(self).__name__}_{n}")
-        self.iterations = Variable(np.int64(0), name=f"{self.name}/iterations", trainable=False)
+        placement = current_creator()
+        with _counter_place(placement, self.needs_step):
+            self.iterations = Variable(np.int64(0), name=f"{self.name}/iterations", trainable=False)
         #: A second step counter on another ps, counted in the same requests: the step
         #: survives the loss of either ps (a replacement gives the lost one the other's
         #: count, ``elastic/replace.py``).
-        placement = current_creator()
         self.iterations_mirror = _mirror(self.iterations, f"{self.name}/iterations_mirror", placement)
         if self.iterations_mirror is not None:
             assert isinstance(placement, Placement)
             placement.counters.add(self)
+        if (
+            isinstance(placement, Placement)
+            and self.needs_step
+            and placement.step_home not in placement.active
+        ):
+            placement.step_home = self.iterations.ps_index
 
     async def mirror_iterations(self) -> None:
         """Set the mirror to ``iterations`` (restored from a checkpoint older than mirrors)."""
@@ -223,9 +231,10 @@ async def apply_together(steps: Iterable[tuple[Optimizer, Iterable[tuple[Any, An
     Each ps applies its part of every step in turn, all or nothing, as one
     ``apply_gradients`` would. An optimizer that needs the step (Adam's bias correction,
     a learning-rate schedule) has it counted first, in the request to the ps holding its
-    ``iterations``; the other ps get theirs once it is known. Two such optimizers whose
-    counters are on different ps cost each of those ps a second request. An optimizer
-    given twice is refused: give it all its pairs at once."""
+    ``iterations``; the other ps get theirs once it is known. Such optimizers make their
+    counters on one ps, so several are counted in one request; two whose counters are on
+    different ps (one made after the other's ps left the job) cost each of those ps a
+    second request. An optimizer given twice is refused: give it all its pairs at once."""
     steps = list(steps)
     for given in steps:
         if not (isinstance(given, (tuple, list)) and len(given) == 2 and isinstance(given[0], Optimizer)):
@@ -371,6 +380,22 @@ def _step(opt: Optimizer, rule: OptimizerRule, part: list[Item], step: int | Non
         "t": step,
         "mirror": mirror.key if "mirror" in kinds and mirror is not None else None,
     }
+
+
+@contextlib.contextmanager
+def _counter_place(placement: Any, needs_step: bool) -> Iterator[None]:
+    """Where an optimizer's step counter is made: an optimizer that needs the step puts
+    it beside the first such optimizer's (``Placement.step_home``, while that ps is in the
+    job), so a step of several counts them in one request; any other, in turn."""
+    if not isinstance(placement, Placement) or not needs_step:
+        yield
+        return
+    home = placement.step_home
+    if home is None or home not in placement.active:
+        yield
+        return
+    with placement.colocated(home):
+        yield
 
 
 def _mirror(iterations: Variable, name: str, placement: Any) -> Variable | None:

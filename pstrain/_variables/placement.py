@@ -101,6 +101,10 @@ class Placement:
         #: The optimizers whose step counter is mirrored on a second ps (a replacement of a
         #: ps that held one of the two gives it the other's count).
         self.counters: weakref.WeakSet[Any] = weakref.WeakSet()
+        #: The ps the step counters of optimizers that need the step (Adam's, a schedule's)
+        #: are made on, the first one's: so a step of several such optimizers counts them
+        #: all in one request (``apply_together``).
+        self.step_home: int | None = None
         self._names: dict[str, int] = {}
         self._colocate: contextvars.ContextVar[int | None] = contextvars.ContextVar(
             "pstrain_colocate", default=None
