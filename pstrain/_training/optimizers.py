@@ -236,6 +236,8 @@ async def apply_together(steps: Iterable[tuple[Optimizer, Iterable[tuple[Any, An
     different ps (one made after the other's ps left the job) cost each of those ps a
     second request. An optimizer given twice is refused: give it all its pairs at once."""
     steps = list(steps)
+    if not steps:
+        raise InvalidArgumentError("apply_together: no (optimizer, pairs) given")
     for given in steps:
         if not (isinstance(given, (tuple, list)) and len(given) == 2 and isinstance(given[0], Optimizer)):
             raise InvalidArgumentError(
@@ -247,8 +249,6 @@ async def apply_together(steps: Iterable[tuple[Optimizer, Iterable[tuple[Any, An
         raise InvalidArgumentError(
             "apply_together: an optimizer is given twice; give all its (gradient, variable) pairs at once"
         )
-    if not steps:
-        raise InvalidArgumentError("apply_together: no (optimizer, pairs) given")
     items: list[Item] = []
     touched: list[Variable] = []
     for k, (opt, pairs) in enumerate(steps):
@@ -308,15 +308,15 @@ async def apply_together(steps: Iterable[tuple[Optimizer, Iterable[tuple[Any, An
                     ApplyGradients(**head, more=[OptimizerStep(**step) for step in more] or None),
                     on_sent=sent if n == len(requests) else None,
                 )
-                steps = [reply.t, *(reply.more or ())]
-                if len(steps) != len(parts):
+                applied = [reply.t, *(reply.more or ())]
+                if len(applied) != len(parts):
                     raise ProtocolError(
-                        f"malformed reply to opt/apply from {channel.task}: {len(steps)} steps "
+                        f"malformed reply to opt/apply from {channel.task}: {len(applied)} steps "
                         f"for {len(parts)} optimizers"
                     )
                 counted += [
                     (k, int(t))
-                    for (k, part), t in zip(parts, steps)
+                    for (k, part), t in zip(parts, applied)
                     if any(kind == "count" for kind, *_ in part)
                 ]
             return counted
