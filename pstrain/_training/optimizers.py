@@ -386,12 +386,13 @@ def _step(opt: Optimizer, rule: OptimizerRule, part: list[Item], step: int | Non
 def _counter_place(placement: Any, needs_step: bool) -> Iterator[None]:
     """Where an optimizer's step counter is made: an optimizer that needs the step puts
     it beside the first such optimizer's (``Placement.step_home``, while that ps is in the
-    job), so a step of several counts them in one request; any other, in turn."""
+    job), so a step of several counts them in one request; any other, in turn. A caller's
+    own colocation (``colocate_vars_with``) is kept."""
     if not isinstance(placement, Placement) or not needs_step:
         yield
         return
     home = placement.step_home
-    if home is None or home not in placement.active:
+    if home is None or home not in placement.active or placement.colocating is not None:
         yield
         return
     with placement.colocated(home):

@@ -133,6 +133,11 @@ class Placement:
             self._next_ps += 1
         return ps
 
+    @property
+    def colocating(self) -> int | None:
+        """The ps a :meth:`colocated` block around the caller puts variables on, or None."""
+        return self._colocate.get()
+
     @contextlib.contextmanager
     def colocated(self, ps: int) -> Iterator[None]:
         """Variables created inside go to ps ``ps`` (and are never partitioned)."""

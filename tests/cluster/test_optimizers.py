@@ -509,3 +509,26 @@ async def test_optimizers_past_what_one_request_carries_update_in_more_requests(
     with pytest.raises(InvalidArgumentError, match="more"):
         await variables[0].channel().request(too_many)
     np.testing.assert_array_equal(await variables[0].numpy(), np.full(2, -0.5, np.float32))
+
+
+async def test_optimizers_that_need_the_step_keep_their_counters_on_one_ps_unless_colocated(ps_pair):
+    """The step counters of optimizers that need the step (Adam's, a schedule's) are made on
+    the first one's ps, so a step of several counts them in one request; one made inside
+    ``colocate_vars_with`` goes where the caller says, and an SGD's goes in turn."""
+    strategy = strategy_for(*ps_pair)
+    with strategy.scope():
+        first = pstrain.optimizers.Adam(0.1)
+        others = [
+            pstrain.optimizers.Adam(0.1),
+            pstrain.optimizers.SGD(pstrain.schedules.ExponentialDecay(0.5, 1, 0.5)),
+        ]
+        plain = [pstrain.optimizers.SGD(0.1) for _ in range(2)]
+        elsewhere = pstrain.Variable(np.zeros(1, np.float32))
+        if elsewhere.ps_index == first.iterations.ps_index:
+            elsewhere = pstrain.Variable(np.zeros(1, np.float32))
+        with strategy.extended.colocate_vars_with(elsewhere):
+            colocated = pstrain.optimizers.Adam(0.1)
+    home = first.iterations.ps_index
+    assert [o.iterations.ps_index for o in others] == [home, home]
+    assert {o.iterations.ps_index for o in plain} == {0, 1}  # in turn, as any variable
+    assert elsewhere.ps_index != home and colocated.iterations.ps_index == elsewhere.ps_index
