@@ -21,11 +21,10 @@ variable, incremented once per ``apply_gradients`` by whichever worker calls it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -118,8 +117,7 @@ class Optimizer:
         n = next(_counts.setdefault(type(self).__name__, itertools.count()))
         self.name = name or (type(self).__name__ if n == 0 else f"{type(self).__name__}_{n}")
         placement = current_creator()
-        with _counter_place(placement, self.needs_step):
-            self.iterations = Variable(np.int64(0), name=f"{self.name}/iterations", trainable=False)
+        self.iterations = _step_counter(placement, f"{self.name}/iterations", self.needs_step)
         #: A second step counter on another ps, counted in the same requests: the step
         #: survives the loss of either ps (a replacement gives the lost one the other's
         #: count, ``elastic/replace.py``).
@@ -127,12 +125,6 @@ class Optimizer:
         if self.iterations_mirror is not None:
             assert isinstance(placement, Placement)
             placement.counters.add(self)
-        if (
-            isinstance(placement, Placement)
-            and self.needs_step
-            and placement.step_home not in placement.active
-        ):
-            placement.step_home = self.iterations.ps_index
 
     async def mirror_iterations(self) -> None:
         """Set the mirror to ``iterations`` (restored from a checkpoint older than mirrors)."""
@@ -352,6 +344,8 @@ def _requests(by_optimizer: dict[int, list[Item]]) -> list[list[tuple[int, list[
     """The optimizers' parts for one ps, as requests: one, the largest part its own step and
     the others in ``more``, unless more than ``MORE_STEPS`` others, or one past what a step
     in ``more`` may name, need requests of their own."""
+    if len(by_optimizer) == 1:  # (one optimizer: its own step, whatever its size)
+        return [list(by_optimizer.items())]
     parts = sorted(by_optimizer.items(), key=lambda kv: -len(kv[1]))
     requests: list[list[tuple[int, list[Item]]]] = []
     for k, part in parts:
@@ -382,21 +376,25 @@ def _step(opt: Optimizer, rule: OptimizerRule, part: list[Item], step: int | Non
     }
 
 
-@contextlib.contextmanager
-def _counter_place(placement: Any, needs_step: bool) -> Iterator[None]:
-    """Where an optimizer's step counter is made: an optimizer that needs the step puts
-    it beside the first such optimizer's (``Placement.step_home``, while that ps is in the
-    job), so a step of several counts them in one request; any other, in turn. A caller's
-    own colocation (``colocate_vars_with``) is kept."""
+def _step_counter(placement: Any, name: str, needs_step: bool) -> Variable:
+    """An optimizer's step counter. One that needs the step goes beside the first such
+    optimizer's (``Placement.step_home``, while that ps is in the job, and unless the caller
+    colocates it: ``colocate_vars_with``), so a step of several counts them in one request;
+    any other goes where the next variable would."""
+
+    def made() -> Variable:
+        return Variable(np.int64(0), name=name, trainable=False)
+
     if not isinstance(placement, Placement) or not needs_step:
-        yield
-        return
-    home = placement.step_home
-    if home is None or home not in placement.active or placement.colocating is not None:
-        yield
-        return
-    with placement.colocated(home):
-        yield
+        return made()
+    if placement.step_home not in placement.active:  # the first, or its ps left the job
+        counter = made()
+        placement.step_home = counter.ps_index
+        return counter
+    if placement.colocating is not None:
+        return made()
+    with placement.colocated(placement.step_home):
+        return made()
 
 
 def _mirror(iterations: Variable, name: str, placement: Any) -> Variable | None:
