@@ -161,6 +161,32 @@ async def test_lfu_and_age_eviction():
         assert ids.tolist() == [8]  # 7 was not seen for more than 8 lookups
 
 
+async def test_lfu_evicts_the_least_recent_rows_of_a_count_not_the_rows_a_step_in_flight_made():
+    # A full LFU table whose rows were each looked up once: every row ties. Two steps in
+    # flight (as two workers run them) each admit new ids before either updates. The
+    # second's lookup evicts the rows of that count looked up least recently, not the
+    # rows the first just made: the first step's update lands on them. (The ties went to
+    # the lowest rows, which the rows made last take: its update was dropped.)
+    async with InProcessCluster(num_ps=1, num_workers=1, token=TOKEN) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        with strategy.scope():
+            table = pstrain.DynamicEmbedding(4, name="lfu", capacity=100, eviction="lfu")
+            opt = pstrain.optimizers.SGD(0.5)
+        for k in range(5):
+            await table.lookup(np.arange(20 * k, 20 * k + 20))
+        first, second = np.arange(1000, 1020), np.arange(2000, 2020)
+        await table.lookup(first)
+        await table.lookup(second)
+        for ids in (first, second):
+            await opt.apply_gradients([(pstrain.IndexedSlices(np.ones((20, 4)), ids), table)])
+        ids, rows = await table.export()
+        assert set(first.tolist()) | set(second.tolist()) <= set(ids.tolist())
+        assert not set(range(40)) & set(ids.tolist())  # the rows of that count seen first went
+        by_id = dict(zip(ids.tolist(), rows))
+        for i in (*first, *second):
+            np.testing.assert_allclose(by_id[int(i)], _init([i])[0] - 0.5, rtol=1e-6)
+
+
 def test_an_id_is_not_aged_out_by_its_own_lookup_nor_its_row_given_to_another_id_of_it():
     # Id 1 turns stale exactly at the lookup that asks for it again, with a new id beside
     # it: it keeps its row and values, and the new id gets a row of its own.

@@ -168,6 +168,39 @@ def test_the_rows_looked_up_most_stay_in_ram_in_a_table_that_evicts_nothing(tmp_
     assert stats["cold_rows"] > 300 and stats["promoted"] == 0, stats
 
 
+def test_lfu_moves_the_least_recent_rows_of_a_count_to_disk_not_those_a_request_just_made(tmp_path):
+    # Rows of one count (a table filled once, each row looked up once) tie for the disk.
+    # The ties go to the rows looked up least recently: a request's new rows stay in RAM
+    # while the next request makes its own, so its update finds them there. The tie went
+    # to the lowest rows, the slots the last move freed and the last rows made took: with
+    # requests in flight, a fill read almost every row it made back from disk.
+    config = TableConfig(dim=4, evict="lfu")
+    ram, disk = DynamicTable("t", config), tiered(tmp_path, config, hot_rows=100)
+    t = 0
+    for k in range(40):  # each batch's rows made, then updated before the next
+        ids = np.arange(20 * k, 20 * k + 20, dtype=np.int64)
+        t += 1
+        np.testing.assert_array_equal(train(disk, ids, t), train(ram, ids, t))
+    assert disk.statistics()["demoted"] > 0
+    promoted = disk.statistics()["promoted"]
+    grad = np.ones((20, 4), np.float32)
+    for k in range(40, 80):  # two requests in flight: each one's lookup, the next's, its update
+        first = np.arange(20 * k, 20 * k + 20, dtype=np.int64) * 7
+        second = first + 1
+        for table in (disk, ram):
+            table.lookup(first, True)
+            table.lookup(second, True)
+        assert (disk.positions(first) >= 0).all(), k  # still in RAM for its update
+        t += 1
+        for ids in (first, second):
+            for table in (disk, ram):
+                table.apply(RULES["adagrad"], ids, grad, ADAGRAD, CFG, t)
+    assert disk.statistics()["promoted"] == promoted  # no row was read back for its update
+    a, b = by_id(disk.export()), by_id(ram.export())
+    for key in a:
+        np.testing.assert_array_equal(a[key], b[key])
+
+
 def test_an_update_naming_a_table_twice_updates_each_parts_own_rows(tmp_path):
     # An opt/apply may give a table twice, its parts applied in turn with the rows planned
     # for them before the first. On a tiered table the first part's rows, on disk, come

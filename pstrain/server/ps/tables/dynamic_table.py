@@ -119,9 +119,10 @@ class DynamicTable(SlicedRows, Admission):
         self.nfree = self.used = 0  # free rows; rows ever handed out (the high-water mark)
         self.lookups = 0  # training lookups served (the LRU clock)
         # What eviction reads, so what a training lookup keeps: each row's last lookup (LRU,
-        # max_age), its count of lookups (LFU). A table without either keeps neither.
+        # max_age, and LFU's ties), its count of lookups (LFU). A table without either keeps
+        # neither.
         evicts = config.capacity is not None
-        self._ages = config.max_age is not None or (evicts and config.evict == "lru")
+        self._ages = config.max_age is not None or evicts
         self._counts = evicts and config.evict == "lfu"
         # Sightings of ids not admitted yet: an index id -> slot of ``_cand_counts``; slots
         # are handed out in order, so the oldest are the lowest (forgotten first).
@@ -376,21 +377,42 @@ class DynamicTable(SlicedRows, Admission):
 
     def _evict_for(self, n: int, protect: np.ndarray) -> None:
         """Make room for ``n`` rows by evicting rows not in ``protect``: the least recently
-        (LRU) or least often (LFU) looked up, ties to the lowest rows (one compiled pass per
-        key histogram, no sort)."""
-        lru = self.config.evict == "lru"
-        # LRU's keys are lookups, none later than the clock: the kernel's range pass is spared
-        victims = self.kernels.pick_victims(
-            self.last_seen if lru else self.freq,
-            self.live.view(np.uint8),
-            protect,
-            self.marks,
-            self.used,
-            n,
-            0,
-            self.lookups if lru else -1,
-        )
+        (LRU) or least often (LFU) looked up (one compiled pass per key histogram, no sort),
+        LFU's ties going to the least recently looked up."""
+        live = self.live.view(np.uint8)
+        if self.config.evict == "lru":
+            # LRU's keys are lookups, none later than the clock: the kernel's range pass is spared
+            victims = self.kernels.pick_victims(
+                self.last_seen, live, protect, self.marks, self.used, n, 0, self.lookups
+            )
+        else:
+            victims = self.kernels.pick_victims(self.freq, live, protect, self.marks, self.used, n, 0, -1)
+            victims = self._least_recent_of_ties(victims, protect)
         self._evict_rows(victims)
+
+    def _least_recent_of_ties(self, rows: np.ndarray, protect: np.ndarray) -> np.ndarray:
+        """``rows``, LFU's choice, with those at its largest count replaced by as many of the
+        rows of that count (none of ``protect``) looked up least recently. The kernel gives
+        ties to the lowest rows, and the rows an eviction (or a move to disk) frees are the
+        ones the next rows made take: rows a request just made, whose update is still to
+        come, went first among their count while older rows of that count stayed. (On a
+        tiered shard filled with rows of one count, 4 requests in flight, 93 % of the rows
+        made went to disk and were read back for their update.)"""
+        if rows.size == 0:
+            return rows
+        used = self.used
+        freq = self.freq[:used]
+        top = freq[rows].max()
+        tied = (freq == top) & self.live[:used]
+        tied[protect] = False
+        tied_rows = np.flatnonzero(tied)
+        below = rows[freq[rows] < top]
+        need = rows.size - below.size
+        if tied_rows.size == need:  # every row of that count goes
+            return rows
+        recent = self.last_seen[tied_rows]
+        least = tied_rows[np.argpartition(recent, need - 1)[:need]]
+        return np.sort(np.concatenate([below, least]))
 
     # -- what the ps serves ----------------------------------------------------------------------
     def lookup(self, ids: np.ndarray, train: bool, pos: np.ndarray | None = None) -> np.ndarray:

@@ -206,12 +206,12 @@ class TieredTable(TieredSlices, DynamicTable):
 
     def _keep_statistics(self) -> None:
         """Have training lookups keep what chooses the hot set (each row's last lookup, or
-        its count of them), whether or not the table evicts: an untiered table without a
-        capacity or ``max_age`` keeps neither, and its hot set was then the rows that came
-        into RAM last, not those looked up last."""
-        if self.by_age:
-            self._ages = True
-        else:
+        its count of them and its last lookup, which breaks the count's ties), whether or
+        not the table evicts: an untiered table without a capacity or ``max_age`` keeps
+        neither, and its hot set was then the rows that came into RAM last, not those looked
+        up last."""
+        self._ages = True
+        if not self.by_age:
             self._counts = True
 
     @property
@@ -383,12 +383,14 @@ class TieredTable(TieredSlices, DynamicTable):
         index none. Fewer if the coldest rows' parts do not allow ``n``."""
         index = self.cold.index
         room = index.room_after(freeing)
-        key = self.last_seen if self.by_age else self.freq
         movable = len(self.index) - protect.size
         got = np.empty(0, np.int64)
         for more in (2, 8):
             rows = self._coldest(min(movable, more * n), protect)
-            rows = rows[np.argsort(key[rows], kind="stable")]  # coldest first
+            if self.by_age:  # coldest first
+                rows = rows[np.argsort(self.last_seen[rows], kind="stable")]
+            else:  # (the fewest lookups, the least recent of those first)
+                rows = rows[np.lexsort((self.last_seen[rows], self.freq[rows]))]
             part = index.parts_of(self.ids[rows])
             by_part = np.argsort(part, kind="stable")
             grouped = part[by_part]
@@ -461,17 +463,15 @@ class TieredTable(TieredSlices, DynamicTable):
 
     def _coldest(self, n: int, protect: np.ndarray) -> np.ndarray:
         """The ``n`` hot rows looked up least recently (LRU) or least often (LFU), none of
-        ``protect``: the rows that go to disk first."""
-        return self.kernels.pick_victims(
-            self.last_seen if self.by_age else self.freq,
-            self.live.view(np.uint8),
-            protect,
-            self.marks,
-            self.used,
-            n,
-            0,
-            self.lookups if self.by_age else -1,
-        )
+        ``protect``: the rows that go to disk first. LFU's ties at the last count taken go to
+        the rows looked up least recently, as its evictions' do (:meth:`_least_recent_of_ties`)."""
+        live = self.live.view(np.uint8)
+        if self.by_age:
+            return self.kernels.pick_victims(
+                self.last_seen, live, protect, self.marks, self.used, n, 0, self.lookups
+            )
+        rows = self.kernels.pick_victims(self.freq, live, protect, self.marks, self.used, n, 0, -1)
+        return self._least_recent_of_ties(rows, protect)
 
     def demote(self, rows: np.ndarray) -> None:
         """Move hot ``rows`` to disk (written first: a full disk changes nothing)."""
