@@ -55,6 +55,21 @@ def w6_data(n_train: int, n_test: int = 20_000):
     return key, dense, labels, n_train
 
 
+#: A dynamic table's statistics that count (rather than measure a state): taken over the
+#: timed steps alone.
+COUNTERS = (
+    "looked_up",
+    "promoted",
+    "demoted",
+    "cold_reads",
+    "cold_rows_read",
+    "read_through",
+    "admitted",
+    "evicted",
+    "compacted",
+    "refused",
+)
+
 #: Variant "w7": W7's table (WORKLOADS.md W9) as a dynamic table: every one of its rows
 #: made, and given its Adagrad accumulator, before training; W4's ids into it.
 W7_ROWS, W7_DIM = 25_000_000, 32
@@ -62,14 +77,18 @@ W7_ROWS, W7_DIM = 25_000_000, 32
 FILL_IDS = 1 << 16
 
 
-def w6_model(variant: str) -> CTRModel:
+def w6_model(variant: str, eviction: str = "lru") -> CTRModel:
+    """``eviction``: what chooses the hot set of a tiered table without a capacity ("w7"
+    and "a"; "b" evicts by LRU, as W6 says)."""
     if variant == "c":
         return CTRModel(rows=FIXED_ROWS, name="w6")
-    if variant == "w7":
-        init = pstrain.initializers.RandomUniform(-0.05, 0.05, seed=0)
-        return CTRModel(table=pstrain.DynamicEmbedding(W7_DIM, name="w9/table", initializer=init), dim=W7_DIM)
     init = pstrain.initializers.RandomUniform(-0.05, 0.05, seed=0)
-    extra = {} if variant == "a" else {"capacity": CAPACITY, "admit_after": 2, "eviction": "lru"}
+    if variant == "w7":
+        table = pstrain.DynamicEmbedding(W7_DIM, name="w9/table", initializer=init, eviction=eviction)
+        return CTRModel(table=table, dim=W7_DIM)
+    extra: dict[str, Any] = {"eviction": eviction}
+    if variant != "a":
+        extra = {"capacity": CAPACITY, "admit_after": 2, "eviction": "lru"}
     table = pstrain.DynamicEmbedding(DIM, name="w6/dynamic", initializer=init, **extra)
     return CTRModel(table=table, name="w6")
 
@@ -150,13 +169,14 @@ async def run_variant(
     after: Callable[[Any, Any, Any, Callable[[int], Awaitable[None]]], Awaitable[dict]] | None = None,
     warm: int | None = None,
     inflight: int = 2,
+    eviction: str = "lru",
 ) -> dict:
     """One training of ``variant`` (``cluster_options``: ``LocalCluster``'s, such as a tiered
     ps's budget); each ps's RSS sampled every ``sample_s``; ``after(model, optimizer,
     cluster, train_more)``: more figures, taken when training ends (``await
     train_more(n)``: ``n`` steps more). ``warm``: steps of ``steps`` before the measured
     ones (a tenth by default); "w7" makes every row of its table first. ``inflight``: closures
-    in flight per worker (``max_inflight_per_worker``)."""
+    in flight per worker (``max_inflight_per_worker``); ``eviction``: :func:`w6_model`'s."""
     async with pstrain.LocalCluster(num_ps=2, num_workers=2, **(cluster_options or {})) as cluster:
         ps_pids = [cluster.pid("ps", i) for i in range(2)]
         pids = [os.getpid(), *ps_pids, *(cluster.pid("worker", i) for i in range(2))]
@@ -169,7 +189,7 @@ async def run_variant(
         coordinator = pstrain.ClusterCoordinator(strategy, max_inflight_per_worker=inflight, **timeout)
         at_start = [rss_mib(p) for p in ps_pids]  # each ps before it holds anything
         async with strategy.scope():
-            model = w6_model(variant)
+            model = w6_model(variant, eviction)
             opt = pstrain.optimizers.Adagrad(learning_rate=0.05, initial_accumulator_value=0.1)
         step = make_step(model, opt)
         n_train = steps * BATCH
@@ -200,6 +220,9 @@ async def run_variant(
         for _ in range(warm):
             coordinator.schedule(step, args=(iterator,))
         await coordinator.join()
+        # the dynamic table's counters over the timed steps alone (a fill's are not theirs)
+        table_stats = model.table.statistics if isinstance(model.table, pstrain.DynamicEmbedding) else None
+        stats0 = await table_stats() if table_stats else {}
         bytes0 = await ps_wire_bytes(peers, 2)  # as W4 counts them
         cpu0 = cpu_seconds(pids)
         t0 = time.perf_counter()
@@ -208,6 +231,7 @@ async def run_variant(
         await coordinator.join()
         elapsed = time.perf_counter() - t0
         cpu = cpu_seconds(pids) - cpu0
+        stats1 = await table_stats() if table_stats else {}
         bytes_per_step = (await ps_wire_bytes(peers, 2) - bytes0) / (steps - warm)
         stop.set()
         sampler.join()
@@ -234,6 +258,7 @@ async def run_variant(
             if samples
             else None,
             "variant": variant,
+            "eviction": model.table.config["evict"] if table_stats else None,
             "fill_s": filled_s,
             "examples_per_s": (steps - warm) * BATCH / elapsed,
             "held_out_log_loss": held_out,
@@ -247,6 +272,10 @@ async def run_variant(
             if half
             else None,
             "cpu_ms_per_step": cpu * 1e3 / (steps - warm),
+            "timed_steps": steps - warm,
+            "table_over_timed_steps": {
+                k: v - stats0.get(k, 0) for k, v in stats1.items() if k in COUNTERS and isinstance(v, int)
+            },
             "bytes_per_step": bytes_per_step,
         }
 

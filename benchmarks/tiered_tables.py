@@ -9,7 +9,8 @@ without. Reported (medians): examples per second and ``ratio_to_in_ram``; each p
 sampled every 100 ms, its peak over the RSS it had before holding anything
 (``peak_rss_over_budget``: that peak / the budget; ``saves_peak_rss_over_budget`` and
 ``restore_peak_rss_over_budget``: the same during the full saves and the restore); rows in
-RAM and on disk; the hit rate of lookups; reads from disk per step and their p50/p99
+RAM and on disk; the hit rate of lookups and the rows read back from disk per step, over
+the timed steps (a fill's and the warm-up's left out); reads from disk and their p50/p99
 latency; full saves of the table with its Adagrad accumulators (the table and the
 optimizer in the checkpoint), each against a plain sequential write of as many bytes to
 the same disk, alternated (``save_over_plain_write``: the median of three after the first;
@@ -25,6 +26,7 @@ wrote, links left out; ``save_after_restore_over_plain_write``: a plain write of
 save's bytes, the median of those above, over its time); held-out log loss of both.
 
     python benchmarks/tiered_tables.py [--steps 1200] [--budget 80MiB] [--runs 3] [--inflight 2]
+        [--eviction lru|lfu]
 """
 
 from __future__ import annotations
@@ -253,6 +255,12 @@ def main() -> None:
         help="W6's growing table (default), or W7's 25,000,000 x 32 made whole first (W9 as written: "
         "--steps 1200 --budget 512MiB; about 12 GB of disk and 10 GB of RAM)",
     )
+    parser.add_argument(
+        "--eviction",
+        choices=["lru", "lfu"],
+        default="lru",
+        help="what chooses each shard's hot set (the table's eviction; it has no capacity)",
+    )
     args = parser.parse_args()
     if args.inflight < 1:
         parser.error("--inflight must be at least 1")
@@ -277,6 +285,7 @@ def main() -> None:
                             after=table_figures,
                             warm=warm,
                             inflight=args.inflight,
+                            eviction=args.eviction,
                         )
                     )
                 )
@@ -288,7 +297,12 @@ def main() -> None:
     over_restore = _over_budget(tiered, "rss_mib_during_restore_max_per_ps", budget)
     last = tiered[-1]["table"]
     per_ps = tiered[-1]["table_per_ps"]
-    looked = max(1, last.get("looked_up", 0))
+    # the hit rate and reads from disk over the timed steps (the fill and warm-up left out),
+    # the median of the rounds
+    timed = [(r["table_over_timed_steps"], r["timed_steps"]) for r in tiered]
+    hit_rates = [1 - c.get("promoted", 0) / max(1, c.get("looked_up", 0)) for c, _ in timed]
+    promoted = [c.get("promoted", 0) / n for c, n in timed]
+    cold_reads = [c.get("cold_reads", 0) / n for c, n in timed]
     emit(
         {
             "workers": 2,
@@ -319,9 +333,10 @@ def main() -> None:
             "rows_in_ram": last.get("hot_rows"),
             "rows_on_disk": last.get("cold_rows"),
             "disk_bytes": last.get("disk_bytes"),
-            "hit_rate": round(1 - last.get("promoted", 0) / looked, 4),
-            "cold_reads_per_step": round(last.get("cold_reads", 0) / args.steps, 2),
-            "rows_read_from_disk_per_step": round(last.get("promoted", 0) / args.steps, 1),
+            "hit_rate": round(median(hit_rates), 4),
+            "cold_reads_per_step": round(median(cold_reads), 2),
+            "rows_read_from_disk_per_step": round(median(promoted), 1),
+            "eviction": tiered[-1]["eviction"],
             "cold_read_p50_us_per_ps": [t.get("cold_read_p50_us") for t in per_ps],
             "cold_read_p99_us_per_ps": [t.get("cold_read_p99_us") for t in per_ps],
             "refused": last.get("refused"),
