@@ -62,16 +62,15 @@ def _held(stats: dict[str, Any]) -> int:
 
 def _tiers(first: dict[str, Any], second: dict[str, Any]) -> list[str]:
     """One line per tiered table of a ps: its rows in RAM and on disk, the bytes on disk,
-    the hit rate of its lookups, its reads from disk per second (over the one second
-    between ``first`` and ``second``), their latency and how the ps reads (io_uring or
-    ``pread``)."""
+    the hit rate of its lookups and its reads from disk per second (both over the one
+    second between ``first`` and ``second``; the hit rate since the ps started if nothing
+    was looked up then), their latency and how the ps reads (io_uring or ``pread``)."""
     lines = []
     for name, t in sorted(second.get("tables", {}).items()):
         if "cold_rows" not in t:
             continue
         before = first.get("tables", {}).get(name, {})
-        looked, promoted = int(t["looked_up"]), int(t["promoted"])
-        hit = f"{100 * (1 - promoted / looked):.1f} %" if looked else "-"
+        hit = _hit_rate(t, before)
         reads = max(0, int(t["cold_reads"]) - int(before.get("cold_reads", 0)))
         way = ""
         if int(t["cold_reads"]):  # (a ps that has read nothing yet cannot say how it reads)
@@ -82,6 +81,18 @@ def _tiers(first: dict[str, Any], second: dict[str, Any]) -> list[str]:
             f"p99 {t['cold_read_p99_us']} us{way}), {t['refused']} refused"
         )
     return lines
+
+
+def _hit_rate(now: dict[str, Any], before: dict[str, Any]) -> str:
+    """The share of a tiered table's training lookups that found their rows in RAM, over
+    the second between two samples (a fill or a restore long past says nothing of the hot
+    set now), or since the ps started (said so) if nothing was looked up in that second."""
+    looked = int(now["looked_up"]) - int(before.get("looked_up", 0))
+    promoted = int(now["promoted"]) - int(before.get("promoted", 0))
+    if looked > 0 and before:
+        return f"{100 * (1 - promoted / looked):.1f} %"
+    looked, promoted = int(now["looked_up"]), int(now["promoted"])
+    return f"{100 * (1 - promoted / looked):.1f} % since start" if looked else "-"
 
 
 def _human(n: float) -> str:

@@ -120,7 +120,8 @@ function tableBytes(t) {
 
 // Each dynamic table over every ps: rows (against the capacity), admitted and evicted per
 // second, bytes; for tables tiered on their ps (--memory-budget), the rows on disk, the hit
-// rate of lookups, reads from disk per second, their worst p99 latency, and how the ps read
+// rate of lookups since the last refresh (hitRate), reads from disk per second, their worst
+// p99 latency, and how the ps read
 // (io_uring, or one pread a run of records: a kernel or a container without io_uring).
 function renderTables(state, dt) {
   const totals = {};
@@ -153,7 +154,7 @@ function renderTables(state, dt) {
       const tr = row("td", [name, a.rows.toLocaleString(), a.unbounded ? "no limit" : a.capacity.toLocaleString(),
                             rate(name, "admitted"), rate(name, "evicted"), (a.bytes / 1048576).toFixed(1),
                             tiered(a.cold.toLocaleString() + " (" + (a.disk / 1048576).toFixed(1) + " MiB)"),
-                            tiered(a.looked ? (100 * (1 - a.promoted / a.looked)).toFixed(1) : "–"),
+                            tiered(hitRate(a, lastTables[name])),
                             tiered(rate(name, "reads")), tiered(String(a.p99)), tiered([...a.ways].sort().join(" and "))]);
       tr.dataset.table = name;
       tr.dataset.rows = String(a.rows);
@@ -162,6 +163,15 @@ function renderTables(state, dt) {
     }));
   document.getElementById("no-tables").hidden = names.length > 0;
   lastTables = totals;
+}
+
+// The share of a tiered table's training lookups that found their rows in RAM since the
+// last refresh (what the hot set does now: a fill long past would hide it), or since its
+// ps started while nothing has been looked up between refreshes.
+function hitRate(now, before) {
+  const looked = before ? now.looked - before.looked : 0;
+  if (looked > 0) return (100 * (1 - (now.promoted - before.promoted) / looked)).toFixed(1);
+  return now.looked ? (100 * (1 - now.promoted / now.looked)).toFixed(1) : "–";
 }
 
 function textDiv(cls, text) {
