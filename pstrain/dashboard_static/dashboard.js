@@ -121,8 +121,8 @@ function tableBytes(t) {
 // Each dynamic table over every ps: rows (against the capacity), admitted and evicted per
 // second, bytes; for tables tiered on their ps (--memory-budget), the rows on disk, the hit
 // rate of lookups since the last refresh (hitRate), reads from disk per second, their worst
-// p99 latency, and how the ps read
-// (io_uring, or one pread a run of records: a kernel or a container without io_uring).
+// p99 latency, and how the ps read (io_uring, or one pread a run of records: a kernel or a
+// container without io_uring).
 function renderTables(state, dt) {
   const totals = {};
   for (const t of state.tasks) {
