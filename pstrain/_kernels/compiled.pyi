@@ -63,6 +63,7 @@ def pick_victims(
     n: int,
     low: int = 0,
     high: int = -1,
+    tiebreak: np.ndarray | None = None,
 ) -> np.ndarray: ...
 def rows_after(
     epochs: np.ndarray, since: int, live: np.ndarray | None = None, until: int | None = None

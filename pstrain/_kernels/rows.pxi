@@ -134,20 +134,64 @@ cdef inline uint64_t _shift(uint64_t span) noexcept nogil:
     return shift
 
 
+cdef int64_t _nth_of_ties(const int64_t[::1] key, const int64_t[::1] tiebreak, int64_t threshold,
+                          const uint8_t[::1] live, const uint8_t[::1] mark, Py_ssize_t limit,
+                          Py_ssize_t n, int64_t[::1] hist, Py_ssize_t* need_out) noexcept nogil:
+    """The ``n``-th smallest ``tiebreak`` (n >= 1) of the rows of key ``threshold`` (live,
+    not marked), by the same histograms as :func:`pick_victims`; ``need_out``: how many of
+    the rows of that tiebreak are taken."""
+    cdef Py_ssize_t r, b, nb, need = n, count = 0
+    cdef int64_t lo = 0, hi = 0, k
+    cdef uint64_t shift
+    for r in range(limit):
+        if live[r] and not mark[r] and key[r] == threshold:
+            k = tiebreak[r]
+            if count == 0 or k < lo:
+                lo = k
+            if count == 0 or k > hi:
+                hi = k
+            count += 1
+    while True:
+        shift = _shift(<uint64_t>hi - <uint64_t>lo)
+        nb = <Py_ssize_t>((<uint64_t>hi - <uint64_t>lo) >> shift) + 1
+        for b in range(nb):
+            hist[b] = 0
+        for r in range(limit):
+            if live[r] and not mark[r] and key[r] == threshold:
+                k = tiebreak[r]
+                if lo <= k <= hi:
+                    hist[(<uint64_t>k - <uint64_t>lo) >> shift] += 1
+        for b in range(nb):
+            if hist[b] >= need:
+                break
+            need -= hist[b]
+        lo = <int64_t>(<uint64_t>lo + (<uint64_t>b << shift))
+        if shift == 0:
+            break
+        if <uint64_t>hi - <uint64_t>lo > ((<uint64_t>1 << shift) - 1):
+            hi = <int64_t>(<uint64_t>lo + ((<uint64_t>1 << shift) - 1))
+    need_out[0] = need
+    return lo
+
+
 def pick_victims(const int64_t[::1] key, const uint8_t[::1] live, const int64_t[::1] protect,
-                 uint8_t[::1] mark, Py_ssize_t used, Py_ssize_t n, int64_t low=0, int64_t high=-1):
+                 uint8_t[::1] mark, Py_ssize_t used, Py_ssize_t n, int64_t low=0, int64_t high=-1,
+                 const int64_t[::1] tiebreak=None):
     """The rows an eviction of ``n`` takes: of the rows below ``used`` that are ``live`` and
     not in ``protect``, the ``n`` of smallest ``key`` (the last lookup for LRU, the count for
-    LFU), ties at the boundary going to the lowest rows; ascending. ``mark`` is the table's
-    byte per row, all 0 (and again after). Histograms of the keys narrow down the n-th
-    smallest (a few passes over the rows, no sort). Keys known to lie in [``low``,
-    ``high``] (LRU's: no later than the clock) spare the pass that finds their range; a
-    key outside it, or ``high < low``, and that pass runs."""
+    LFU), ties at the boundary going to the rows of smallest ``tiebreak`` (LFU's: the last
+    lookup), then to the lowest rows; ascending. ``mark`` is the table's byte per row, all 0
+    (and again after). Histograms of the keys narrow down the n-th smallest (a few passes
+    over the rows, no sort), and of the tied rows' ``tiebreak`` the same. Keys known to lie
+    in [``low``, ``high``] (LRU's: no later than the clock) spare the pass that finds their
+    range; a key outside it, or ``high < low``, and that pass runs."""
     cdef Py_ssize_t r, i, count = 0, limit = min(used, min(key.shape[0], min(live.shape[0], mark.shape[0])))
-    cdef int64_t lo = 0, hi = 0, k, threshold
-    cdef Py_ssize_t need, ties, b, nb
+    cdef int64_t lo = 0, hi = 0, k, threshold, second = 0
+    cdef Py_ssize_t need, ties, b, nb, tied = 0, second_ties = 0
     cdef uint64_t shift
-    cdef bint bad = False, filled = False
+    cdef bint bad = False, filled = False, by_tiebreak = False
+    if tiebreak is not None and tiebreak.shape[0] < limit:
+        raise ValueError("pick_victims: tiebreak is shorter than the rows it orders")
     hist_arr = np.zeros(BUCKETS, np.int64)
     cdef int64_t[::1] hist = hist_arr
     with nogil:
@@ -212,6 +256,14 @@ def pick_victims(const int64_t[::1] key, const uint8_t[::1] live, const int64_t[
                 if <uint64_t>hi - <uint64_t>lo > ((<uint64_t>1 << shift) - 1):
                     hi = <int64_t>(<uint64_t>lo + ((<uint64_t>1 << shift) - 1))
             threshold = lo  # the n-th smallest key; ``need`` rows of it are taken, lowest first
+            if tiebreak is not None:  # (or those of smallest tiebreak, when more rows tie)
+                for r in range(limit):
+                    if live[r] and not mark[r] and key[r] == threshold:
+                        tied += 1
+                if tied > need:
+                    by_tiebreak = True
+                    second = _nth_of_ties(key, tiebreak, threshold, live, mark, limit, need, hist,
+                                          &second_ties)
             i = 0
             ties = need
             for r in range(limit):
@@ -221,6 +273,11 @@ def pick_victims(const int64_t[::1] key, const uint8_t[::1] live, const int64_t[
                         o[i] = r
                         i += 1
                     elif k == threshold and ties > 0:
+                        if by_tiebreak:
+                            if tiebreak[r] > second or (tiebreak[r] == second and second_ties == 0):
+                                continue
+                            if tiebreak[r] == second:
+                                second_ties -= 1
                         o[i] = r
                         i += 1
                         ties -= 1

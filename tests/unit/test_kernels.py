@@ -568,8 +568,9 @@ def test_a_lookups_gather_and_bookkeeping_are_the_same_compiled_and_in_numpy(
     data=st.data(),
 )
 def test_an_evictions_victims_are_the_same_compiled_and_in_numpy(keys, data):
-    """The n live, unprotected rows of smallest key, ties to the lowest rows, ascending: the
-    C histograms against numpy's partition, over small clocks and the whole int64 range."""
+    """The n live, unprotected rows of smallest key, ties to the lowest rows (or, given a
+    tiebreak, to the rows of smallest tiebreak, then the lowest), ascending: the C
+    histograms against numpy's partition, over small clocks and the whole int64 range."""
     size = len(keys)
     key = np.array(keys, np.int64)
     live = np.array(data.draw(st.lists(st.booleans(), min_size=size, max_size=size)), np.uint8)
@@ -595,6 +596,22 @@ def test_an_evictions_victims_are_the_same_compiled_and_in_numpy(keys, data):
     eligible = [r for r in range(used) if live[r] and r not in set(protect.tolist())]
     want = sorted(sorted(eligible, key=lambda r: (key[r], r))[: max(0, n)])
     assert got[0].tolist() == want
+    # LFU's ties: the rows of smallest tiebreak (the last lookup) first, then the lowest
+    tiebreak = np.array(
+        data.draw(
+            st.lists(
+                st.one_of(st.integers(0, 3), st.integers(-(2**63), 2**63 - 1)), min_size=size, max_size=size
+            )
+        ),
+        np.int64,
+    )
+    by_both = []
+    for impl in (compiled, reference):
+        mark = np.zeros(size, np.uint8)
+        by_both.append(impl.pick_victims(key, live, protect[protect < used], mark, used, n, 0, -1, tiebreak))
+        assert not mark.any()
+    want = sorted(sorted(eligible, key=lambda r: (key[r], tiebreak[r], r))[: max(0, n)])
+    assert by_both[0].tolist() == by_both[1].tolist() == want
 
 
 @settings(max_examples=100, deadline=None)

@@ -83,9 +83,12 @@ def pick_victims(
     n: int,
     low: int = 0,
     high: int = -1,
+    tiebreak: np.ndarray | None = None,
 ) -> np.ndarray:
     # ``low`` and ``high`` only spare the compiled kernel a pass: the answer is the same
     limit = min(used, key.size, live.size, mark.size)
+    if tiebreak is not None and tiebreak.size < limit:
+        raise ValueError("pick_victims: tiebreak is shorter than the rows it orders")
     if protect.size and (protect.min() < 0 or protect.max() >= limit):
         raise IndexError("pick_victims: a protected row past the table's end")
     eligible = live[:limit].astype(bool)
@@ -99,7 +102,10 @@ def pick_victims(
         return rows[:0]
     threshold = np.partition(k, n - 1)[n - 1]
     take = k < threshold
-    take[np.flatnonzero(k == threshold)[: n - int(np.count_nonzero(take))]] = True
+    tied = np.flatnonzero(k == threshold)
+    if tiebreak is not None:  # the tied rows of smallest tiebreak first (then the lowest)
+        tied = tied[np.argsort(tiebreak[rows[tied]], kind="stable")]
+    take[tied[: n - int(np.count_nonzero(take))]] = True
     return rows[take]
 
 

@@ -377,42 +377,19 @@ class DynamicTable(SlicedRows, Admission):
 
     def _evict_for(self, n: int, protect: np.ndarray) -> None:
         """Make room for ``n`` rows by evicting rows not in ``protect``: the least recently
-        (LRU) or least often (LFU) looked up (one compiled pass per key histogram, no sort),
-        LFU's ties going to the least recently looked up."""
-        live = self.live.view(np.uint8)
-        if self.config.evict == "lru":
-            # LRU's keys are lookups, none later than the clock: the kernel's range pass is spared
-            victims = self.kernels.pick_victims(
-                self.last_seen, live, protect, self.marks, self.used, n, 0, self.lookups
-            )
-        else:
-            victims = self.kernels.pick_victims(self.freq, live, protect, self.marks, self.used, n, 0, -1)
-            victims = self._least_recent_of_ties(victims, protect)
-        self._evict_rows(victims)
+        (LRU) or least often (LFU) looked up (one compiled pass per key histogram, no sort).
+        LFU's ties go to the least recently looked up: the kernel's own tie rule, the lowest
+        rows, would take the rows made last (they take the rows the last eviction freed),
+        whose step may still be to send its update."""
+        self._evict_rows(self._victims(n, protect, self.config.evict == "lru"))
 
-    def _least_recent_of_ties(self, rows: np.ndarray, protect: np.ndarray) -> np.ndarray:
-        """``rows``, LFU's choice, with those at its largest count replaced by as many of the
-        rows of that count (none of ``protect``) looked up least recently. The kernel gives
-        ties to the lowest rows, and the rows an eviction (or a move to disk) frees are the
-        ones the next rows made take: rows a request just made, whose update is still to
-        come, went first among their count while older rows of that count stayed. (On a
-        tiered shard filled with rows of one count, 4 requests in flight, 93 % of the rows
-        made went to disk and were read back for their update.)"""
-        if rows.size == 0:
-            return rows
-        used = self.used
-        freq = self.freq[:used]
-        top = freq[rows].max()
-        tied = (freq == top) & self.live[:used]
-        tied[protect] = False
-        tied_rows = np.flatnonzero(tied)
-        below = rows[freq[rows] < top]
-        need = rows.size - below.size
-        if tied_rows.size == need:  # every row of that count goes
-            return rows
-        recent = self.last_seen[tied_rows]
-        least = tied_rows[np.argpartition(recent, need - 1)[:need]]
-        return np.sort(np.concatenate([below, least]))
+    def _victims(self, n: int, protect: np.ndarray, lru: bool) -> np.ndarray:
+        """The ``n`` rows looked up least recently (``lru``) or least often, none of
+        ``protect``, as :meth:`_evict_for` takes them."""
+        live, marks, used = self.live.view(np.uint8), self.marks, self.used
+        if lru:  # LRU's keys are lookups, none later than the clock: the kernel's range pass is spared
+            return self.kernels.pick_victims(self.last_seen, live, protect, marks, used, n, 0, self.lookups)
+        return self.kernels.pick_victims(self.freq, live, protect, marks, used, n, 0, -1, self.last_seen)
 
     # -- what the ps serves ----------------------------------------------------------------------
     def lookup(self, ids: np.ndarray, train: bool, pos: np.ndarray | None = None) -> np.ndarray:

@@ -462,16 +462,9 @@ class TieredTable(TieredSlices, DynamicTable):
         self._looked_up.clear()
 
     def _coldest(self, n: int, protect: np.ndarray) -> np.ndarray:
-        """The ``n`` hot rows looked up least recently (LRU) or least often (LFU), none of
-        ``protect``: the rows that go to disk first. LFU's ties at the last count taken go to
-        the rows looked up least recently, as its evictions' do (:meth:`_least_recent_of_ties`)."""
-        live = self.live.view(np.uint8)
-        if self.by_age:
-            return self.kernels.pick_victims(
-                self.last_seen, live, protect, self.marks, self.used, n, 0, self.lookups
-            )
-        rows = self.kernels.pick_victims(self.freq, live, protect, self.marks, self.used, n, 0, -1)
-        return self._least_recent_of_ties(rows, protect)
+        """The ``n`` hot rows looked up least recently (LRU) or least often (LFU, its ties the
+        least recently), none of ``protect``: the rows that go to disk first."""
+        return self._victims(n, protect, self.by_age)
 
     def demote(self, rows: np.ndarray) -> None:
         """Move hot ``rows`` to disk (written first: a full disk changes nothing)."""
