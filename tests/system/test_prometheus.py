@@ -39,15 +39,22 @@ def prometheus() -> str:
 
 
 async def test_a_real_prometheus_scrapes_every_task_with_the_token(tmp_path):
-    async with pstrain.LocalCluster(num_ps=1, num_workers=1) as cluster:
+    tiered = {"memory_budget": "2MiB", "table_dir": tmp_path / "tier"}
+    async with pstrain.LocalCluster(num_ps=1, num_workers=1, **tiered) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
         coordinator = pstrain.ClusterCoordinator(strategy)
         chief = await coordinator.serve_metrics()
         async with strategy.scope():
             v = pstrain.Variable(np.zeros(4), name="v")
+            table = pstrain.DynamicEmbedding(16, name="emb")
         for _ in range(10):
             coordinator.schedule(lambda: v.assign_add(np.ones(4)))
         await coordinator.join()
+        for k in range(8):  # past the ps's budget: rows on disk, and some read back
+            await table.lookup(np.arange(1000 * k, 1000 * k + 1000))
+        await table.lookup(np.arange(0, 1000))
+        stats = await table.statistics()
+        assert stats["cold_rows"] > 0 and stats["promoted"] > 0, stats
         token_file = tmp_path / "token"
         token_file.write_text(cluster.token)
         token_file.chmod(0o600)
@@ -99,6 +106,11 @@ async def test_a_real_prometheus_scrapes_every_task_with_the_token(tmp_path):
                 assert float(updates[0]["value"][1]) == 10
                 assert await query('pstrain_closures_done_total{role="chief"}')
                 assert await query('pstrain_variable_bytes{role="ps"}')
+                # the counters the operations guide computes a tiered table's hit rate from
+                looked = await query('sum(pstrain_table_looked_up_total{role="ps"})')
+                promoted = await query('sum(pstrain_table_promoted_total{role="ps"})')
+                assert float(looked[0]["value"][1]) == stats["looked_up"]
+                assert float(promoted[0]["value"][1]) == stats["promoted"]
         finally:
             proc.terminate()  # only the process this test started, by its PID
             try:
