@@ -134,33 +134,31 @@ cdef inline uint64_t _shift(uint64_t span) noexcept nogil:
     return shift
 
 
-cdef int64_t _nth_of_ties(const int64_t[::1] key, const int64_t[::1] tiebreak, int64_t threshold,
-                          const uint8_t[::1] live, const uint8_t[::1] mark, Py_ssize_t limit,
-                          Py_ssize_t n, int64_t[::1] hist, Py_ssize_t* need_out) noexcept nogil:
-    """The ``n``-th smallest ``tiebreak`` (n >= 1) of the rows of key ``threshold`` (live,
-    not marked), by the same histograms as :func:`pick_victims`; ``need_out``: how many of
-    the rows of that tiebreak are taken."""
-    cdef Py_ssize_t r, b, nb, need = n, count = 0
-    cdef int64_t lo = 0, hi = 0, k
+cdef int64_t _nth_smallest(const int64_t[::1] value, const uint8_t[::1] live,
+                           const uint8_t[::1] mark, Py_ssize_t limit, bint among,
+                           const int64_t[::1] key, int64_t key_value, Py_ssize_t n,
+                           int64_t lo, int64_t hi, bint filled, int64_t[::1] hist,
+                           Py_ssize_t* need_out) noexcept nogil:
+    """The ``n``-th smallest ``value`` (0 < n < the rows counted) of the live rows not
+    marked (``among``: only those whose ``key`` is ``key_value``), all in [``lo``, ``hi``]:
+    histograms narrow the range to the bucket holding it until a bucket is one value wide
+    (``filled``: the first histogram, over that range, is in ``hist`` already).
+    ``need_out``: how many rows of that value are taken."""
+    cdef Py_ssize_t r, b, nb, need = n
+    cdef int64_t k
     cdef uint64_t shift
-    for r in range(limit):
-        if live[r] and not mark[r] and key[r] == threshold:
-            k = tiebreak[r]
-            if count == 0 or k < lo:
-                lo = k
-            if count == 0 or k > hi:
-                hi = k
-            count += 1
     while True:
         shift = _shift(<uint64_t>hi - <uint64_t>lo)
         nb = <Py_ssize_t>((<uint64_t>hi - <uint64_t>lo) >> shift) + 1
-        for b in range(nb):
-            hist[b] = 0
-        for r in range(limit):
-            if live[r] and not mark[r] and key[r] == threshold:
-                k = tiebreak[r]
-                if lo <= k <= hi:
-                    hist[(<uint64_t>k - <uint64_t>lo) >> shift] += 1
+        if not filled:
+            for b in range(nb):
+                hist[b] = 0
+            for r in range(limit):
+                if live[r] and not mark[r] and (not among or key[r] == key_value):
+                    k = value[r]
+                    if lo <= k <= hi:
+                        hist[(<uint64_t>k - <uint64_t>lo) >> shift] += 1
+        filled = False
         for b in range(nb):
             if hist[b] >= need:
                 break
@@ -187,7 +185,7 @@ def pick_victims(const int64_t[::1] key, const uint8_t[::1] live, const int64_t[
     range; a key outside it, or ``high < low``, and that pass runs."""
     cdef Py_ssize_t r, i, count = 0, limit = min(used, min(key.shape[0], min(live.shape[0], mark.shape[0])))
     cdef int64_t lo = 0, hi = 0, k, threshold, second = 0
-    cdef Py_ssize_t need, ties, b, nb, tied = 0, second_ties = 0
+    cdef Py_ssize_t need = 0, ties, tied = 0, second_ties = 0
     cdef uint64_t shift
     cdef bint bad = False, filled = False, by_tiebreak = False
     if tiebreak is not None and tiebreak.shape[0] < limit:
@@ -230,40 +228,22 @@ def pick_victims(const int64_t[::1] key, const uint8_t[::1] live, const int64_t[
     out = np.empty(n, np.int64)
     cdef int64_t[::1] o = out
     with nogil:
-        need = n
         if 0 < n < count:
-            # Narrow [lo, hi] to the bucket holding the n-th smallest key, until a bucket is
-            # one key wide; ``need`` is then how many rows of that key are taken.
-            while True:
-                shift = _shift(<uint64_t>hi - <uint64_t>lo)
-                nb = <Py_ssize_t>((<uint64_t>hi - <uint64_t>lo) >> shift) + 1
-                if not filled:
-                    for b in range(nb):
-                        hist[b] = 0
-                    for r in range(limit):
-                        if live[r] and not mark[r]:
-                            k = key[r]
-                            if lo <= k <= hi:
-                                hist[(<uint64_t>k - <uint64_t>lo) >> shift] += 1
-                filled = False
-                for b in range(nb):
-                    if hist[b] >= need:
-                        break
-                    need -= hist[b]
-                lo = <int64_t>(<uint64_t>lo + (<uint64_t>b << shift))
-                if shift == 0:
-                    break
-                if <uint64_t>hi - <uint64_t>lo > ((<uint64_t>1 << shift) - 1):
-                    hi = <int64_t>(<uint64_t>lo + ((<uint64_t>1 << shift) - 1))
-            threshold = lo  # the n-th smallest key; ``need`` rows of it are taken, lowest first
-            if tiebreak is not None:  # (or those of smallest tiebreak, when more rows tie)
+            # the n-th smallest key; ``need`` rows of it are taken, the lowest first
+            threshold = _nth_smallest(key, live, mark, limit, False, key, 0, n, lo, hi, filled, hist, &need)
+            if tiebreak is not None:  # or, when more rows tie, those of smallest tiebreak
                 for r in range(limit):
                     if live[r] and not mark[r] and key[r] == threshold:
+                        k = tiebreak[r]
+                        if tied == 0 or k < lo:
+                            lo = k
+                        if tied == 0 or k > hi:
+                            hi = k
                         tied += 1
                 if tied > need:
                     by_tiebreak = True
-                    second = _nth_of_ties(key, tiebreak, threshold, live, mark, limit, need, hist,
-                                          &second_ties)
+                    second = _nth_smallest(tiebreak, live, mark, limit, True, key, threshold, need,
+                                           lo, hi, False, hist, &second_ties)
             i = 0
             ties = need
             for r in range(limit):
