@@ -194,10 +194,17 @@ async def run_variant(
         step = make_step(model, opt)
         n_train = steps * BATCH
 
+        workers = strategy.cluster_spec.num_tasks("worker")
+
         def dataset_fn():
+            # Each worker its own share of the examples, as a job's workers read theirs: with
+            # the whole set on each, both walked the same examples a few steps apart, and a
+            # tiered table found each row the second worker looked up in RAM
+            # (``docs/benchmarks.md``, W9).
             ids, dense, labels, n = variant_data(variant, n_train, 0)
             return (
                 pstrain.data.Dataset.from_tensor_slices((ids[:n], dense[:n], labels[:n]))
+                .shard(workers, pstrain.get_current_worker_index())
                 .shuffle(50_000)
                 .repeat()
                 .batch(BATCH)

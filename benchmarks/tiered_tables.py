@@ -369,6 +369,7 @@ def main() -> None:
             "warm_up_steps": warm if warm is not None else max(1, args.steps // 10),
             "runs": args.runs,
             "max_inflight_per_worker": args.inflight,
+            "worker_data": "each worker its shard of the examples",
         },
         "W9",
     )
