@@ -2,8 +2,9 @@
 
 Variants: (a) a DynamicEmbedding with no limit; (b) capacity 500,000 rows in all,
 admission after 2 sightings, LRU eviction; (c) the W4 approach: ids hashed
-(``key % 500,000``) into a fixed 500,000-row table. 2 ps, 2 workers, batch 512,
-Adagrad 0.05 / 0.1 on the ps, the W4 model otherwise. Each prints a JSON line
+(``key % 500,000``) into a fixed 500,000-row table. 2 ps, 2 workers (each training on
+its own shard of the examples), batch 512, Adagrad 0.05 / 0.1 on the ps, the W4 model
+otherwise. Each prints a JSON line
 (examples/s, held-out log loss, rows held, peak RSS of each ps, bytes per step)
 and ``results/W6.png`` plots held-out loss against rows held.
 
