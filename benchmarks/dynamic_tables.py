@@ -76,6 +76,10 @@ COUNTERS = (
 W7_ROWS, W7_DIM = 25_000_000, 32
 #: Ids a closure of the fill makes rows of at a time.
 FILL_IDS = 1 << 16
+#: What each worker trains on (``run_variant``), as the result lines record it: with the
+#: whole set on each, both walked the same examples a few steps apart, and a tiered table
+#: found each row the second worker looked up in RAM (``docs/benchmarks.md``, W9).
+WORKER_DATA = "each worker its shard of the examples"
 
 
 def w6_model(variant: str, eviction: str = "lru") -> CTRModel:
@@ -197,11 +201,7 @@ async def run_variant(
 
         workers = strategy.cluster_spec.num_tasks("worker")
 
-        def dataset_fn():
-            # Each worker its own share of the examples, as a job's workers read theirs: with
-            # the whole set on each, both walked the same examples a few steps apart, and a
-            # tiered table found each row the second worker looked up in RAM
-            # (``docs/benchmarks.md``, W9).
+        def dataset_fn():  # WORKER_DATA
             ids, dense, labels, n = variant_data(variant, n_train, 0)
             return (
                 pstrain.data.Dataset.from_tensor_slices((ids[:n], dense[:n], labels[:n]))
@@ -427,6 +427,7 @@ def main() -> None:
                 "steps": args.steps,
                 "batch": BATCH,
                 "runs": len(runs),
+                "worker_data": WORKER_DATA,
                 # each round's ratio to W4's of the same round: the spread of the medians' inputs
                 "ratio_to_w4_each_round": [round(r["examples_per_s"] / x, 3) for r, x in zip(runs, w4)],
             },

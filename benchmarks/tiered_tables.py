@@ -48,7 +48,7 @@ from pstrain._base.checks import byte_size
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import emit, median  # noqa: E402
-from dynamic_tables import W7_DIM, W7_ROWS, peak_rss, run_variant  # noqa: E402
+from dynamic_tables import W7_DIM, W7_ROWS, WORKER_DATA, peak_rss, run_variant  # noqa: E402
 
 
 async def table_figures(
@@ -369,7 +369,7 @@ def main() -> None:
             "warm_up_steps": warm if warm is not None else max(1, args.steps // 10),
             "runs": args.runs,
             "max_inflight_per_worker": args.inflight,
-            "worker_data": "each worker its shard of the examples",
+            "worker_data": WORKER_DATA,
         },
         "W9",
     )
