@@ -20,11 +20,12 @@ import numpy as np
 from . import FLOAT_DTYPES, KERNELS, reference
 
 #: A sorted ``distinct`` of ids spanning fewer than this many values per id marks them in
-#: a bitmap of the span (:func:`~pstrain._kernels.compiled.unique_in_span`), not a hash set
-#: and a sort: measured on W8's 26 features (2,048 or about 8,200 ids a batch, spans of 3
-#: to 1,000,000 values), the bitmap took half the time up to spans of 35 values an id,
-#: broke even about 120, and took 1.5x as long at 490.
-SPAN_PER_ID = 128
+#: a bitmap of the span (:func:`~pstrain._kernels.compiled.unique_in_span`), not a packed
+#: sort (:func:`~pstrain._kernels.compiled.unique_sorted`): measured on 2,048 and 8,192
+#: ids (W8's batch sizes) spread evenly over their span, the bitmap took 0.55x the sort's
+#: time at 4 values an id and 0.88x at 64; at 128 it took as long for 2,048 ids and 1.8x
+#: as long for 8,192, whose bits no longer stay in the nearest cache.
+SPAN_PER_ID = 64
 
 __all__ = [
     "ascending_rows",
@@ -40,8 +41,9 @@ __all__ = [
 def distinct(ids: np.ndarray, *, sorted: bool = False) -> tuple[np.ndarray, np.ndarray]:  # noqa: A002
     """``(distinct ids, each id's position among them)`` of 1-D ``ids``, in the order they
     first occur, or ascending (``sorted``: ``np.unique``'s result with ``return_inverse``,
-    bit for bit). Integers of at most 64 bits take the C hash kernel, or sorted and within a
-    span of ``SPAN_PER_ID`` values an id, the C bitmap; other elements numpy's sort."""
+    bit for bit). Integers of at most 64 bits take the C hash kernel, or sorted, the C bitmap
+    within a span of ``SPAN_PER_ID`` values an id and the C packed sort past it; other
+    elements numpy's sort."""
     if ids.size < 2 or bool(np.all(ids[1:] > ids[:-1])):
         return ids.copy(), np.arange(ids.size)  # already distinct and ascending (both orders)
     if ids.dtype.kind not in "iu" or ids.dtype.itemsize > 8:
@@ -55,14 +57,11 @@ def distinct(ids: np.ndarray, *, sorted: bool = False) -> tuple[np.ndarray, np.n
         if high - low < SPAN_PER_ID * ids.size and high < 2**63:  # (uint64 above: order differs)
             found_wide, inverse = KERNELS.unique_in_span(np.ascontiguousarray(wide), low, high - low + 1)
             return found_wide.astype(ids.dtype, copy=False), inverse
-    found_wide, idx = KERNELS.unique_first(np.ascontiguousarray(wide))
+        found_wide, idx = KERNELS.unique_sorted(np.ascontiguousarray(wide), ids.dtype == np.uint64)
+    else:
+        found_wide, idx = KERNELS.unique_first(np.ascontiguousarray(wide))
     found = found_wide.view(np.uint64) if ids.dtype == np.uint64 else found_wide.astype(ids.dtype, copy=False)
-    if not sorted:
-        return found, idx
-    order = KERNELS.argsort_stable(found_wide, ids.dtype == np.uint64)  # (distinct: any sort does)
-    rank = np.empty(order.size, np.int64)
-    rank[order] = np.arange(order.size)
-    return found[order], rank[idx]
+    return found, idx
 
 
 def sum_into(out: np.ndarray, segments: np.ndarray, values: np.ndarray) -> None:

@@ -23,6 +23,7 @@ from libc.string cimport memcmp, memcpy
 cdef extern from *:
     void __builtin_prefetch(const void*) nogil
     int __builtin_ctzll(unsigned long long) nogil
+    int __builtin_clzll(unsigned long long) nogil
 
 cdef extern from *:
     """

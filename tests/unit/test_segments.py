@@ -32,16 +32,43 @@ def test_the_distinct_ids_are_the_same_compiled_and_in_numpy_in_first_seen_order
     assert (fast[0][fast[1]] == x).all() and fast[1].dtype == np.int64
 
 
-@settings(max_examples=200, deadline=None)
-@given(IDS, st.booleans(), st.sampled_from([0, 8, 40]))
-def test_the_radix_argsort_is_numpys_stable_argsort_signed_and_unsigned(ids, unsigned, shift):
-    """Repeats keep their order; values sharing high bytes (``shift``: small ids, whose
-    top bytes the sort skips) or spread over all 64 bits; as int64 or as uint64."""
+#: Ids packed tight or far apart: clusters that share their high bits beside ids far off
+#: (long runs the packed sort leaves for the whole ids to order), repeats, int64's ends.
+CLUSTERED = st.lists(
+    st.one_of(
+        st.integers(-20, 60),
+        st.integers(2**62, 2**62 + 3_000),
+        st.integers(-(2**63), -(2**63) + 40),
+        st.just(2**63 - 1),
+        st.integers(-(2**63), 2**63 - 1),
+    ),
+    max_size=600,
+)
+
+
+@settings(max_examples=250, deadline=None)
+@given(st.one_of(IDS, CLUSTERED), st.booleans(), st.sampled_from([0, 8, 40]))
+def test_the_packed_sort_distinct_is_np_unique_exactly_signed_and_unsigned(ids, unsigned, shift):
+    """Repeats, ids sharing high bits (``shift``: small ids), clusters beside ids far off,
+    spread over all 64 bits; as int64 or as uint64: np.unique's ids and positions."""
     x = np.array(ids, np.int64) >> shift if ids else np.array([], np.int64)
-    want = np.argsort(x.view(np.uint64) if unsigned else x, kind="stable")
+    want_y, want_idx = np.unique(x.view(np.uint64) if unsigned else x, return_inverse=True)
     for impl in (compiled, reference):
-        got = impl.argsort_stable(x, unsigned)
-        assert got.dtype == np.int64 and got.tolist() == want.tolist(), impl.__name__
+        y, idx = impl.unique_sorted(x, unsigned)
+        assert y.dtype == idx.dtype == np.int64, impl.__name__
+        assert _bits(y) == _bits(want_y), impl.__name__
+        assert idx.tolist() == want_idx.reshape(-1).tolist(), impl.__name__
+
+
+def test_the_packed_sort_orders_a_long_run_of_ids_sharing_their_high_bits():
+    """Thousands of distinct ids within the bits the packing drops, beside one far off (so
+    the packing drops bits): one long run, ordered by the whole ids, as np.unique does."""
+    rng = np.random.default_rng(7)
+    x = np.concatenate([rng.integers(0, 1 << 13, 5_000), [2**63 - 1, -(2**63)]]).astype(np.int64)
+    rng.shuffle(x)
+    want_y, want_idx = np.unique(x, return_inverse=True)
+    y, idx = compiled.unique_sorted(x, False)
+    assert y.tolist() == want_y.tolist() and idx.tolist() == want_idx.tolist()
 
 
 @settings(max_examples=200, deadline=None)

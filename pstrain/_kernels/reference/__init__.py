@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from .aligned_memory import aligned_allocations
 from .bags import bag_positions, pool_bags, shuffle_through, take_bags, take_fixed
-from .distinct_ids import argsort_stable, shard_ids, unique_first, unique_in_span
+from .distinct_ids import shard_ids, unique_first, unique_in_span, unique_sorted
 from .id_index import (
     absent,
     compact_delete,
@@ -42,7 +42,6 @@ __all__ = [
     "adagrad_rows",
     "ascending_rows",
     "aligned_allocations",
-    "argsort_stable",
     "bag_positions",
     "compact_delete",
     "compact_get",
@@ -79,4 +78,5 @@ __all__ = [
     "tfrecord_split",
     "unique_first",
     "unique_in_span",
+    "unique_sorted",
 ]
