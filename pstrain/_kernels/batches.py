@@ -44,22 +44,27 @@ def distinct(ids: np.ndarray, *, sorted: bool = False) -> tuple[np.ndarray, np.n
     bit for bit). Integers of at most 64 bits take the C hash kernel, or sorted, the C bitmap
     within a span of ``SPAN_PER_ID`` values an id and the C packed sort past it; other
     elements numpy's sort."""
-    if ids.size < 2 or bool(np.all(ids[1:] > ids[:-1])):
-        return ids.copy(), np.arange(ids.size)  # already distinct and ascending (both orders)
+    if ids.size < 2:
+        return ids.copy(), np.arange(ids.size)
     if ids.dtype.kind not in "iu" or ids.dtype.itemsize > 8:
+        if bool(np.all(ids[1:] > ids[:-1])):
+            return ids.copy(), np.arange(ids.size)  # already distinct and ascending
         if not sorted:
             return reference.unique_first(ids)
         found, inverse = np.unique(ids, return_inverse=True)
         return found, inverse.reshape(-1).astype(np.int64, copy=False)
-    wide = ids.view(np.int64) if ids.dtype == np.uint64 else ids.astype(np.int64, copy=False)
+    unsigned = ids.dtype == np.uint64
+    wide = np.ascontiguousarray(ids.view(np.int64) if unsigned else ids, np.int64)
+    low, high, ascending = KERNELS.id_span(wide, unsigned)
+    if ascending:  # already distinct and ascending (both orders)
+        return ids.copy(), np.arange(ids.size)
     if sorted:
-        low, high = int(ids.min()), int(ids.max())
         if high - low < SPAN_PER_ID * ids.size and high < 2**63:  # (uint64 above: order differs)
-            found_wide, inverse = KERNELS.unique_in_span(np.ascontiguousarray(wide), low, high - low + 1)
+            found_wide, inverse = KERNELS.unique_in_span(wide, low, high - low + 1)
             return found_wide.astype(ids.dtype, copy=False), inverse
-        found_wide, idx = KERNELS.unique_sorted(np.ascontiguousarray(wide), ids.dtype == np.uint64)
+        found_wide, idx = KERNELS.unique_sorted(wide, unsigned)
     else:
-        found_wide, idx = KERNELS.unique_first(np.ascontiguousarray(wide))
+        found_wide, idx = KERNELS.unique_first(wide)
     found = found_wide.view(np.uint64) if ids.dtype == np.uint64 else found_wide.astype(ids.dtype, copy=False)
     return found, idx
 

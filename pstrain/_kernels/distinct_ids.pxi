@@ -32,6 +32,29 @@ cdef inline int64_t _ones(uint64_t x) noexcept nogil:
     return <int64_t>((x * 0x0101010101010101ULL) >> 56)
 
 
+def id_span(const int64_t[::1] ids, bint unsigned=False):
+    """``(least, greatest, strictly ascending)`` of ``ids`` (at least one; as uint64 if
+    ``unsigned``), in one pass: what :func:`~pstrain._kernels.batches.distinct` asks before
+    it chooses how to find the distinct ids, where numpy took three."""
+    cdef Py_ssize_t n = ids.shape[0], i
+    cdef uint64_t flip = 0 if unsigned else (<uint64_t>1) << 63
+    cdef uint64_t k, prev, lo, hi
+    cdef bint up = True
+    if n == 0:
+        raise ValueError("id_span: no ids")
+    with nogil:
+        lo = hi = prev = <uint64_t>ids[0] ^ flip
+        for i in range(1, n):
+            k = <uint64_t>ids[i] ^ flip
+            up &= k > prev
+            lo = k if k < lo else lo
+            hi = k if k > hi else hi
+            prev = k
+    if unsigned:
+        return lo, hi, up
+    return <int64_t>(lo ^ flip), <int64_t>(hi ^ flip), up
+
+
 def unique_in_span(const int64_t[::1] ids, int64_t low, int64_t span):
     """``(unique ascending, inverse)`` of ``ids``, all in ``[low, low + span)``: a bit per
     value of the span marks the ids, the marks read in order are the distinct ids, and an

@@ -72,6 +72,20 @@ def test_the_packed_sort_orders_a_long_run_of_ids_sharing_their_high_bits():
 
 
 @settings(max_examples=200, deadline=None)
+@given(st.one_of(IDS, st.lists(st.integers(-(2**63), 2**63 - 1), unique=True).map(sorted)), st.booleans())
+def test_the_span_of_ids_is_their_least_greatest_and_whether_they_ascend_in_either_order(ids, unsigned):
+    """Least, greatest and strictly ascending, as int64 or as uint64 (where a negative id is
+    past every positive one): numpy's answers, from the compiled pass and the reference."""
+    x = np.array(ids or [5], np.int64)
+    as_read = x.view(np.uint64) if unsigned else x
+    want = (int(as_read.min()), int(as_read.max()), bool(np.all(as_read[1:] > as_read[:-1])))
+    for impl in (compiled, reference):
+        assert impl.id_span(x, unsigned) == want, impl.__name__
+        with pytest.raises(ValueError, match="no ids"):
+            impl.id_span(np.array([], np.int64), unsigned)
+
+
+@settings(max_examples=200, deadline=None)
 @given(
     offsets=st.lists(st.integers(0, 700), max_size=300),
     low=st.sampled_from([0, -5, 63, 2**40, -(2**63)]),

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from .aligned_memory import aligned_allocations
 from .bags import bag_positions, pool_bags, shuffle_through, take_bags, take_fixed
-from .distinct_ids import shard_ids, unique_first, unique_in_span, unique_sorted
+from .distinct_ids import id_span, shard_ids, unique_first, unique_in_span, unique_sorted
 from .id_index import (
     absent,
     compact_delete,
@@ -51,6 +51,7 @@ __all__ = [
     "fingerprint64",
     "create_rows",
     "gather_rows",
+    "id_span",
     "index_delete",
     "index_get",
     "index_insert",

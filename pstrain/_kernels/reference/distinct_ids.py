@@ -6,7 +6,7 @@ import numpy as np
 
 from .id_index import mix64
 
-__all__ = ["shard_ids", "unique_first", "unique_in_span", "unique_sorted"]
+__all__ = ["id_span", "shard_ids", "unique_first", "unique_in_span", "unique_sorted"]
 
 
 def unique_first(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -15,6 +15,13 @@ def unique_first(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     rank = np.empty(order.size, np.int64)
     rank[order] = np.arange(order.size)
     return sorted_ids[order], rank[inverse.reshape(-1)]
+
+
+def id_span(ids: np.ndarray, unsigned: bool = False) -> tuple[int, int, bool]:
+    if ids.size == 0:
+        raise ValueError("id_span: no ids")
+    x = ids.view(np.uint64) if unsigned else ids
+    return int(x.min()), int(x.max()), bool(np.all(x[1:] > x[:-1]))
 
 
 def unique_in_span(ids: np.ndarray, low: int, span: int) -> tuple[np.ndarray, np.ndarray]:
