@@ -53,8 +53,11 @@ def distinct(ids: np.ndarray, *, sorted: bool = False) -> tuple[np.ndarray, np.n
             return reference.unique_first(ids)
         found, inverse = np.unique(ids, return_inverse=True)
         return found, inverse.reshape(-1).astype(np.int64, copy=False)
-    unsigned = ids.dtype == np.uint64
-    wide = np.ascontiguousarray(ids.view(np.int64) if unsigned else ids, np.int64)
+    unsigned = ids.dtype.kind == "u" and ids.dtype.itemsize == 8  # (either byte order)
+    if unsigned:  # (as int64 for the kernels, which read them as uint64)
+        wide = np.ascontiguousarray(ids, np.uint64).view(np.int64)
+    else:
+        wide = np.ascontiguousarray(ids, np.int64)
     low, high, ascending = KERNELS.id_span(wide, unsigned)
     if ascending:  # already distinct and ascending (both orders)
         return ids.copy(), np.arange(ids.size)
@@ -65,7 +68,7 @@ def distinct(ids: np.ndarray, *, sorted: bool = False) -> tuple[np.ndarray, np.n
         found_wide, idx = KERNELS.unique_sorted(wide, unsigned)
     else:
         found_wide, idx = KERNELS.unique_first(wide)
-    found = found_wide.view(np.uint64) if ids.dtype == np.uint64 else found_wide.astype(ids.dtype, copy=False)
+    found = (found_wide.view(np.uint64) if unsigned else found_wide).astype(ids.dtype, copy=False)
     return found, idx
 
 

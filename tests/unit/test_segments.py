@@ -115,8 +115,10 @@ def test_the_bitmap_distinct_refuses_an_id_outside_its_span_or_a_span_too_large(
 
 
 @settings(max_examples=150, deadline=None)
-@given(IDS, st.sampled_from([np.int64, np.int32, np.uint64, np.uint8]))
+@given(IDS, st.sampled_from([np.int64, np.int32, np.uint64, np.uint8, np.dtype(">u8"), np.dtype(">i8")]))
 def test_unique_sorted_is_np_unique_exactly_and_unsorted_keeps_first_occurrence(ids, dtype):
+    """Any integer dtype, big-endian ones too (read in their own order: a big-endian
+    uint64 past 2**63 is not a negative int64)."""
     x = np.array([i % 256 if dtype == np.uint8 else i for i in ids]).astype(dtype)
     want_y, want_idx = np.unique(x, return_inverse=True)
     y, idx = unique(x, sorted=True)
