@@ -381,7 +381,7 @@ class IntegerLookup(_Lookup):
         self._at = np.array(list(self._index.values()), np.int64)[self._order]
 
     def _indices(self, flat: np.ndarray) -> np.ndarray:
-        if flat.dtype.kind not in "iu" or flat.dtype == np.uint64:
+        if flat.dtype.kind not in "iu" or (flat.dtype.kind == "u" and flat.dtype.itemsize == 8):
             return np.fromiter(
                 (self._index.get(self._key(t), -1) for t in flat.tolist()), np.int64, flat.size
             )
