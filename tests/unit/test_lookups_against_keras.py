@@ -72,6 +72,16 @@ def _array(values: list) -> np.ndarray:
     return np.array(values, object) if isinstance(values[0], str) else np.array(values, np.int64)
 
 
+def test_integer_lookup_reads_ids_in_either_byte_order_alike():
+    """Big-endian ids are the same ids: int64 and uint64 (one past 2**63 is not the
+    negative int64 of the same bits, so not the vocabulary's -3)."""
+    layer = IntegerLookup(vocabulary=[-3, 7])
+    signed = np.array([-3, 7, 4], np.int64)
+    assert layer(signed.astype(">i8")).tolist() == layer(signed).tolist() == [1, 2, 0]
+    unsigned = np.array([2**64 - 3, 7, 4], np.uint64)
+    assert layer(unsigned.astype(">u8")).tolist() == layer(unsigned).tolist() == [0, 2, 0]
+
+
 def test_hashing_and_crossing_give_keras_bins():
     for case in HASHING["hashing"]:  # strings (with a mask, with salts) and integers
         assert Hashing(**case["kwargs"])(_array(case["inputs"])).tolist() == case["output"], case["kwargs"]
