@@ -65,7 +65,7 @@ def distinct(ids: np.ndarray, *, sorted: bool = False) -> tuple[np.ndarray, np.n
         if high - low < SPAN_PER_ID * ids.size and high < 2**63:  # (uint64 above: order differs)
             found_wide, inverse = KERNELS.unique_in_span(wide, low, high - low + 1)
             return found_wide.astype(ids.dtype, copy=False), inverse
-        found_wide, idx = KERNELS.unique_sorted(wide, unsigned)
+        found_wide, idx = KERNELS.unique_sorted(wide, unsigned, (low, high))
     else:
         found_wide, idx = KERNELS.unique_first(wide)
     found = (found_wide.view(np.uint64) if unsigned else found_wide).astype(ids.dtype, copy=False)

@@ -33,7 +33,9 @@ def unique_in_span(ids: np.ndarray, low: int, span: int) -> tuple[np.ndarray, np
     return unique.astype(np.int64), inverse.reshape(-1).astype(np.int64)
 
 
-def unique_sorted(ids: np.ndarray, unsigned: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def unique_sorted(
+    ids: np.ndarray, unsigned: bool = False, span: tuple[int, int] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     unique, inverse = np.unique(ids.view(np.uint64) if unsigned else ids, return_inverse=True)
     return unique.view(np.int64), inverse.reshape(-1).astype(np.int64)
 
