@@ -13,19 +13,40 @@ input here beyond the kernels' own: the callers check it, each with its own erro
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import numpy as np
 
 from . import FLOAT_DTYPES, KERNELS, reference
 
+
+def _vectorized_sort() -> bool:
+    """Whether numpy sorts 64-bit integers with its AVX-512 kernels on this CPU: there, 13,312
+    of them take 46 µs; without them (AVX2 and older) 420 µs, more than a hash pass for the
+    distinct ids and a radix sort of those take together (about 215)."""
+    try:  # (numpy's own table of the CPU's features; where it keeps it may move)
+        features = importlib.import_module("numpy._core._multiarray_umath").__cpu_features__
+    except (ImportError, AttributeError):  # (then the other way: never wrong, only slower)
+        return False
+    return bool(features.get("AVX512_SKX"))
+
+
+#: How a sorted ``distinct`` of ids past the bitmap's span finds them: a packed sort by
+#: numpy (:func:`~pstrain._kernels.compiled.unique_sorted`) where numpy's sort of 64-bit
+#: integers is vectorized (0.4x the other way's time on W6's batches), else the distinct
+#: ids by a hash pass, then their radix sort (:func:`~pstrain._kernels.compiled.argsort_stable`).
+PACKED_SORT = _vectorized_sort()
+
 #: A sorted ``distinct`` of ids spanning fewer than this many values per id marks them in
-#: a bitmap of the span (:func:`~pstrain._kernels.compiled.unique_in_span`), not a packed
-#: sort (:func:`~pstrain._kernels.compiled.unique_sorted`): measured on 2,048 and 8,192
-#: ids (W8's batch sizes) spread evenly over their span, the bitmap took 0.55x the sort's
-#: time at 4 values an id and 0.88x at 64; at 128 it took as long for 2,048 ids and 1.8x
-#: as long for 8,192, whose bits no longer stay in the nearest cache.
-SPAN_PER_ID = 64
+#: a bitmap of the span (:func:`~pstrain._kernels.compiled.unique_in_span`), not a sort.
+#: Against the packed sort, measured on 2,048 and 8,192 ids (W8's batch sizes) spread
+#: evenly over their span, the bitmap took 0.55x its time at 4 values an id and 0.88x at
+#: 64; at 128 as long for 2,048 ids and 1.8x as long for 8,192, whose bits no longer stay
+#: in the nearest cache. Against the hash pass and radix sort, on W8's 26 features (2,048
+#: or about 8,200 ids a batch), the bitmap took half the time up to 35 values an id, broke
+#: even about 120 and took 1.5x as long at 490.
+SPAN_PER_ID = 64 if PACKED_SORT else 128
 
 __all__ = [
     "ascending_rows",
@@ -42,8 +63,8 @@ def distinct(ids: np.ndarray, *, sorted: bool = False) -> tuple[np.ndarray, np.n
     """``(distinct ids, each id's position among them)`` of 1-D ``ids``, in the order they
     first occur, or ascending (``sorted``: ``np.unique``'s result with ``return_inverse``,
     bit for bit). Integers of at most 64 bits take the C hash kernel, or sorted, the C bitmap
-    within a span of ``SPAN_PER_ID`` values an id and the C packed sort past it; other
-    elements numpy's sort."""
+    within a span of ``SPAN_PER_ID`` values an id and past it the sort ``PACKED_SORT``
+    chooses; other elements numpy's sort."""
     if ids.size < 2:
         return ids.copy(), np.arange(ids.size)
     if ids.dtype.kind not in "iu" or ids.dtype.itemsize > 8:
@@ -65,7 +86,14 @@ def distinct(ids: np.ndarray, *, sorted: bool = False) -> tuple[np.ndarray, np.n
         if high - low < SPAN_PER_ID * ids.size and high < 2**63:  # (uint64 above: order differs)
             found_wide, inverse = KERNELS.unique_in_span(wide, low, high - low + 1)
             return found_wide.astype(ids.dtype, copy=False), inverse
-        found_wide, idx = KERNELS.unique_sorted(wide, unsigned, (low, high))
+        if PACKED_SORT:
+            found_wide, idx = KERNELS.unique_sorted(wide, unsigned, (low, high))
+        else:
+            found_wide, first = KERNELS.unique_first(wide)
+            order = KERNELS.argsort_stable(found_wide, unsigned)  # (distinct: any sort does)
+            rank = np.empty(order.size, np.int64)
+            rank[order] = np.arange(order.size)
+            found_wide, idx = found_wide[order], rank[first]
     else:
         found_wide, idx = KERNELS.unique_first(wide)
     found = (found_wide.view(np.uint64) if unsigned else found_wide).astype(ids.dtype, copy=False)

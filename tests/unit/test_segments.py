@@ -3,12 +3,14 @@ unsorted_segment_sum``), compiled, held to numpy's results bit for bit (property
 
 from __future__ import annotations
 
+from unittest import mock
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
 import pstrain
-from pstrain._kernels import compiled, reference
+from pstrain._kernels import batches, compiled, reference
 from pstrain.errors import InvalidArgumentError
 from pstrain.math import unique, unsorted_segment_sum
 
@@ -30,6 +32,18 @@ def test_the_distinct_ids_are_the_same_compiled_and_in_numpy_in_first_seen_order
     assert _bits(fast[0]) == _bits(slow[0]) and _bits(fast[1]) == _bits(slow[1])
     assert list(fast[0]) == list(dict.fromkeys(ids))  # tf.unique's order: as they first occur
     assert (fast[0][fast[1]] == x).all() and fast[1].dtype == np.int64
+
+
+@settings(max_examples=200, deadline=None)
+@given(IDS, st.booleans(), st.sampled_from([0, 8, 40]))
+def test_the_radix_argsort_is_numpys_stable_argsort_signed_and_unsigned(ids, unsigned, shift):
+    """Repeats keep their order; values sharing high bytes (``shift``: small ids, whose
+    top bytes the sort skips) or spread over all 64 bits; as int64 or as uint64."""
+    x = np.array(ids, np.int64) >> shift if ids else np.array([], np.int64)
+    want = np.argsort(x.view(np.uint64) if unsigned else x, kind="stable")
+    for impl in (compiled, reference):
+        got = impl.argsort_stable(x, unsigned)
+        assert got.dtype == np.int64 and got.tolist() == want.tolist(), impl.__name__
 
 
 #: Ids packed tight or far apart: clusters that share their high bits beside ids far off
@@ -115,13 +129,19 @@ def test_the_bitmap_distinct_refuses_an_id_outside_its_span_or_a_span_too_large(
 
 
 @settings(max_examples=150, deadline=None)
-@given(IDS, st.sampled_from([np.int64, np.int32, np.uint64, np.uint8, np.dtype(">u8"), np.dtype(">i8")]))
-def test_unique_sorted_is_np_unique_exactly_and_unsorted_keeps_first_occurrence(ids, dtype):
+@given(
+    IDS,
+    st.sampled_from([np.int64, np.int32, np.uint64, np.uint8, np.dtype(">u8"), np.dtype(">i8")]),
+    st.booleans(),
+)
+def test_unique_sorted_is_np_unique_exactly_and_unsorted_keeps_first_occurrence(ids, dtype, packed):
     """Any integer dtype, big-endian ones too (read in their own order: a big-endian
-    uint64 past 2**63 is not a negative int64)."""
+    uint64 past 2**63 is not a negative int64), sorted either way ``distinct`` may sort
+    (``PACKED_SORT``: which one depends on the CPU)."""
     x = np.array([i % 256 if dtype == np.uint8 else i for i in ids]).astype(dtype)
     want_y, want_idx = np.unique(x, return_inverse=True)
-    y, idx = unique(x, sorted=True)
+    with mock.patch.object(batches, "PACKED_SORT", packed):
+        y, idx = unique(x, sorted=True)
     assert y.dtype == x.dtype and _bits(y) == _bits(want_y) and (idx == want_idx).all()
     y, idx = unique(x)
     assert list(y) == list(dict.fromkeys(x.tolist())) and (y[idx] == x).all()

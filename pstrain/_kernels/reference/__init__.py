@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from .aligned_memory import aligned_allocations
 from .bags import bag_positions, pool_bags, shuffle_through, take_bags, take_fixed
-from .distinct_ids import id_span, shard_ids, unique_first, unique_in_span, unique_sorted
+from .distinct_ids import argsort_stable, id_span, shard_ids, unique_first, unique_in_span, unique_sorted
 from .id_index import (
     absent,
     compact_delete,
@@ -42,6 +42,7 @@ __all__ = [
     "adagrad_rows",
     "ascending_rows",
     "aligned_allocations",
+    "argsort_stable",
     "bag_positions",
     "compact_delete",
     "compact_get",

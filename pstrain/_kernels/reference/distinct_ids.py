@@ -1,4 +1,5 @@
-"""Distinct ids in numpy: first sightings, ids in a span, ids sorted, and shards of ids."""
+"""Distinct ids in numpy: first sightings, ids in a span, ids sorted, a stable sort and
+shards of ids."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import numpy as np
 
 from .id_index import mix64
 
-__all__ = ["id_span", "shard_ids", "unique_first", "unique_in_span", "unique_sorted"]
+__all__ = ["argsort_stable", "id_span", "shard_ids", "unique_first", "unique_in_span", "unique_sorted"]
 
 
 def unique_first(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -38,6 +39,10 @@ def unique_sorted(
 ) -> tuple[np.ndarray, np.ndarray]:
     unique, inverse = np.unique(ids.view(np.uint64) if unsigned else ids, return_inverse=True)
     return unique.view(np.int64), inverse.reshape(-1).astype(np.int64)
+
+
+def argsort_stable(values: np.ndarray, unsigned: bool = False) -> np.ndarray:
+    return np.argsort(values.view(np.uint64) if unsigned else values, kind="stable").astype(np.int64)
 
 
 def shard_ids(ids: np.ndarray, num_shards: int, salt: int) -> np.ndarray:
