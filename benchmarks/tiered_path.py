@@ -64,14 +64,14 @@ def step(table: DynamicTable, ids: np.ndarray, t: int) -> None:
         if table.cold_short(ids.size):
             table.shrink_for_cold(ids.size, keep=ids)
         found = table.in_ram(ids)
-        cold_ids, places = table.cold_wanted(ids[found.pos < 0])
+        cold_ids, slots, places = table.cold_found(ids[found.pos < 0])
         if cold_ids.size:
             table.cold.begin_read()
             try:
                 records = table.read_cold(places)
             finally:
                 table.cold.end_read()
-            table.promote(cold_ids, places, records, ids, found)
+            table.promote(cold_ids, places, records, ids, found, slots)
     table.lookup(ids, True)
     table.apply(RULES["adagrad"], ids, np.full((ids.size, DIM), 0.01, np.float32), ADAGRAD, CONFIG, t)
 

@@ -1066,3 +1066,67 @@ def test_reads_on_many_threads_at_once_each_get_their_records_and_leave_no_ring_
         wait_until(lambda: len(os.listdir("/proc/self/fd")) == before, 10, "the threads' rings to close")
     finally:
         os.close(fd)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    bits=st.integers(1, 31),
+    handles=st.integers(0, 20),
+    data=st.data(),
+)
+def test_a_tiers_places_read_back_the_same_compiled_and_in_numpy_and_as_the_tier_encodes_them(
+    bits, handles, data
+):
+    """A tier's cold slots hold their places in 32 bits (handle, record in its run): read back
+    through the compiled pass, the numpy one and the tier's own :class:`Places`, with slots
+    free, slots counted from the end, and slots or handles out of range refused alike."""
+    from pstrain.server.ps.tables.cold_places import Places
+
+    top = (1 << (32 - bits)) - 1  # the handles a code may hold (the last is a free slot's)
+    handles = min(handles, top)
+    numbers = np.array(
+        data.draw(st.lists(st.integers(0, 2**31 - 1), min_size=handles, max_size=handles)), np.int64
+    )
+    firsts = np.array([h << bits for h in range(handles)], np.int64)
+    records = st.integers(0, (1 << bits) - 1)
+    code = (
+        st.one_of(
+            st.just(0xFFFFFFFF),
+            st.tuples(st.integers(0, max(0, handles - 1)), records).map(lambda hr: (hr[0] << bits) | hr[1]),
+        )
+        if handles
+        else st.just(0xFFFFFFFF)
+    )
+    codes = np.array(data.draw(st.lists(code, min_size=1, max_size=60)), np.uint32)
+    at = np.array(data.draw(st.lists(st.integers(-codes.size, codes.size - 1), max_size=80)), np.int64)
+    got = [k.decode_places(codes, at, bits, numbers, firsts) for k in (compiled, reference)]
+    assert got[0].tolist() == got[1].tolist()
+    expect = [
+        -1
+        if c == 0xFFFFFFFF
+        else int(numbers[c >> bits]) << 32 | int(firsts[c >> bits]) + (c & ((1 << bits) - 1))
+        for c in codes[at].tolist()
+    ]
+    assert got[0].tolist() == expect
+    places = Places(1 << bits)  # the tier's own decoding, both of its ways
+    places.bits, places.mask, places.codes, places.numbers, places.firsts = (
+        bits,
+        (1 << bits) - 1,
+        codes,
+        numbers,
+        firsts,
+    )
+    if handles:
+        assert places[at].tolist() == expect
+        assert places[at.tolist()].tolist() == expect
+    for k in (compiled, reference):
+        with pytest.raises(IndexError, match="a slot outside"):
+            k.decode_places(codes, np.array([codes.size], np.int64), bits, numbers, firsts)
+        with pytest.raises(IndexError, match="a slot outside"):
+            k.decode_places(codes, np.array([-codes.size - 1], np.int64), bits, numbers, firsts)
+        if handles < top:
+            bad = np.array([handles << bits], np.uint32)
+            with pytest.raises(IndexError, match="never given"):
+                k.decode_places(bad, np.zeros(1, np.int64), bits, numbers, firsts)
+        with pytest.raises(ValueError, match="bits"):
+            k.decode_places(codes, at, 32, numbers, firsts)

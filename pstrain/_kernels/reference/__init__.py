@@ -33,7 +33,16 @@ from .id_index import (
 from .io_uring import io_uring_reads, pread_records
 from .new_rows import create_rows, initial_rows
 from .optimizer_rows import adagrad_rows, rowwise_adagrad_rows, sgd_rows
-from .rows import ascending_rows, gather_rows, keep_changed, pick_victims, put_rows, rows_after, stamp_rows
+from .rows import (
+    ascending_rows,
+    decode_places,
+    gather_rows,
+    keep_changed,
+    pick_victims,
+    put_rows,
+    rows_after,
+    stamp_rows,
+)
 from .strings import fingerprint64, siphash24
 from .tf_records import crc32c, parse_examples, tfrecord_split
 
@@ -49,6 +58,7 @@ __all__ = [
     "compact_insert",
     "count_sightings",
     "crc32c",
+    "decode_places",
     "fingerprint64",
     "create_rows",
     "gather_rows",

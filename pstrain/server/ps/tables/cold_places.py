@@ -13,6 +13,7 @@ import numpy as np
 from ...._base.errors import ResourceExhaustedError
 from ...._formats.files.table_links import pack
 from ...._formats.numerics.idhash import in_slices
+from ...._kernels import KERNELS
 
 __all__ = ["FREE", "PLACE_BITS", "MaskedPlaces", "Places", "SavedPlaces", "place_blocks"]
 
@@ -99,6 +100,11 @@ class Places:
         return np.flatnonzero(self.codes[lo:hi] == self.FREE) + lo
 
     def __getitem__(self, at: Any) -> np.ndarray:
+        if type(at) is np.ndarray and at.ndim == 1 and at.dtype == np.int64 and self.numbers.size:
+            # a request's slots: in one compiled pass, no temporaries
+            return KERNELS.decode_places(
+                self.codes, np.ascontiguousarray(at), self.bits, self.numbers, self.firsts
+            )
         codes = self.codes[at]
         out = np.full(codes.shape, FREE, np.int64)
         if not self.numbers.size:  # (no segment yet: every slot is free)

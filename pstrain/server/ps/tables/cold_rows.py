@@ -401,7 +401,13 @@ class ColdRows:
 
     def current(self, slots: np.ndarray, places: np.ndarray) -> np.ndarray:
         """Which of cold ``slots`` still hold the records at ``places`` (not taken back,
-        nor moved by compaction, since: a place is never given twice)."""
+        nor moved by compaction, since: a place is never given twice). A slot past those
+        in use holds none (the rows were forgotten since: :meth:`reset`)."""
+        if slots.size and int(slots.max()) >= self.used:
+            inside = slots < self.used
+            out = np.zeros(slots.size, bool)
+            out[inside] = self.places[slots[inside]] == places[inside]
+            return out
         return self.places[slots] == places
 
     # -- taking out -------------------------------------------------------------------------------

@@ -331,7 +331,7 @@ class TableHandlers:
                 continue
             ids = np.ascontiguousarray(ids, np.int64)
             found = table.in_ram(ids)  # only the others are looked for on disk
-            cold_ids, places = table.cold_wanted(ids[found.pos < 0])
+            cold_ids, slots, places = table.cold_found(ids[found.pos < 0])
             if cold_ids.size:  # too many for RAM at once: refused before anything is read
                 table.holds_at_once(cold_ids.size + int(np.count_nonzero(found.pos >= 0)))
             # the ids in neither tier take new rows in RAM, and as many rows move out to new
@@ -340,11 +340,11 @@ class TableHandlers:
             if table.cold_short(new, ids.size):  # the index on disk needs RAM for them
                 table.shrink_for_cold(new, ids.size, keep=ids)  # (none of ``ids`` moves)
             if cold_ids.size:
-                reads.append((table, ids, cold_ids, places, found, new))
-        got = await self._read_on_thread([r[0] for r in reads], lambda: [r[0].read_cold(r[3]) for r in reads])
-        for (table, ids, cold_ids, places, found, new), records in zip(reads, got):
+                reads.append((table, ids, cold_ids, slots, places, found, new))
+        got = await self._read_on_thread([r[0] for r in reads], lambda: [r[0].read_cold(r[4]) for r in reads])
+        for (table, ids, cold_ids, slots, places, found, new), records in zip(reads, got):
             if self.tables.get(table.name) is table:  # (not replaced meanwhile)
-                table.promote(cold_ids, places, records, ids, found)
+                table.promote(cold_ids, places, records, ids, found, slots)
                 if table.cold_short(new, ids.size):  # the rows put back grew the hot set into
                     table.shrink_for_cold(new, ids.size, keep=ids)  # the room checked for above
         return []

@@ -594,9 +594,15 @@ class TieredTable(TieredSlices, DynamicTable):
     def cold_wanted(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Of ``ids``, those on disk now, and their places (what a thread reads, and what
         :meth:`promote` checks they still have)."""
+        cold, _, places = self.cold_found(ids)
+        return cold, places
+
+    def cold_found(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`cold_wanted`, with the cold slot of each: :meth:`promote` given them checks
+        each still holds its place rather than look its id up again."""
         ids = np.ascontiguousarray(ids, np.int64)
         if not len(self.cold):
-            return ids[:0], np.empty(0, np.int64)
+            return ids[:0], np.empty(0, np.int64), np.empty(0, np.int64)
         slots = self.cold.find(ids)
         there = slots >= 0
         # each once (a request the handler refuses for repeating an id reaches here first)
@@ -605,7 +611,7 @@ class TieredTable(TieredSlices, DynamicTable):
         if distinct.size != cold.size:
             cold, first = np.unique(cold, return_index=True)
             slots = slots[first]
-        return cold, self.cold.places[slots]
+        return cold, slots, self.cold.places[slots]
 
     def read_cold(self, places: np.ndarray) -> dict[str, np.ndarray]:
         """The records at ``places``, timed. A caller that reads on a thread counts itself
@@ -622,6 +628,7 @@ class TieredTable(TieredSlices, DynamicTable):
         records: dict[str, np.ndarray],
         keep: np.ndarray,
         found: Found | None = None,
+        slots: np.ndarray | None = None,
     ) -> None:
         """Put the records read for ``ids`` back in RAM, those still on disk at the
         ``places`` read (from :meth:`cold_wanted`: another request may have taken some back,
@@ -630,10 +637,17 @@ class TieredTable(TieredSlices, DynamicTable):
         never moving out the rows of ``keep`` (the request's ids; ``found``: their rows in
         RAM as :meth:`in_ram` found them before the read) for room. The rows moved out for
         room take the slots on disk of the rows put back: as many out as back needs no more
-        RAM for the disk's index (a restored shard's is as full as it may be)."""
-        slots = self.cold.find(ids)
-        still = slots >= 0
-        still[still] = self.cold.current(slots[still], places[still])
+        RAM for the disk's index (a restored shard's is as full as it may be).
+
+        ``slots``: the cold slots :meth:`cold_found` gave with ``places``. A slot that still
+        holds its place holds the same id (a place is never given twice), so they are
+        checked rather than the ids looked up again; without them, the ids are."""
+        if slots is None:
+            slots = self.cold.find(ids)
+            still = slots >= 0
+            still[still] = self.cold.current(slots[still], places[still])
+        else:
+            still = self.cold.current(slots, places)
         if not still.any():
             return
         ids = ids[still]
