@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import pstrain
-from pstrain._kernels import compiled
+from pstrain._kernels import KERNELS, compiled
 from pstrain.testing import InProcessCluster
 from tests.helpers import TOKEN
 
@@ -21,6 +21,15 @@ pytestmark = pytest.mark.timeout(120)
 
 def _aligned(a: np.ndarray) -> bool:
     return a.ctypes.data % 64 == 0
+
+
+#: Whether this run's ps put their arrays on cache lines: the compiled kernels' allocator
+#: does; the numpy reference (PSTRAIN_KERNELS=numpy) keeps numpy's own, by design.
+ALIGNS = KERNELS is compiled
+
+
+def _held_aligned(a: np.ndarray) -> bool:
+    return _aligned(a) or not ALIGNS
 
 
 def test_arrays_made_in_an_aligned_context_start_on_a_cache_line_and_only_there():
@@ -87,11 +96,11 @@ async def test_a_ps_holds_its_variables_slots_tables_and_restores_on_cache_lines
         assert len(names) >= 4  # the two variables, their accumulators
         for record in ps.store:
             if record.array.ndim:
-                assert _aligned(record.array), record.name
+                assert _held_aligned(record.array), record.name
         emb = next(iter(ps.tables.values()))
         assert emb.rows.shape[0] >= ids.size
-        assert _aligned(emb.rows) and emb.slots and all(_aligned(s) for s in emb.slots.values())
+        assert _held_aligned(emb.rows) and emb.slots and all(_held_aligned(s) for s in emb.slots.values())
         await given_value.assign(np.zeros((20_000, 32), np.float32))
         await ckpt.restore(path)
-        assert _aligned(ps.store.get(given_value.name).array)
+        assert _held_aligned(ps.store.get(given_value.name).array)
         np.testing.assert_array_equal(await given_value.read_value(), before)

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import pstrain
+from pstrain._kernels import KERNELS
 from pstrain.checkpoint import load_variables
 from pstrain.testing import InProcessCluster
 from tests.cluster.test_tiered import DIM, train_with
@@ -91,8 +92,12 @@ async def _restored_in_place(cluster, tmp_path) -> None:
     before = tracemalloc.get_traced_memory()[0]
     await pstrain.Checkpoint(model={"emb": table}, optimizer=opt).restore(path)
     added = tracemalloc.get_traced_memory()[1] - before
-    # the old shard's RAM (about the budget) was let go before the new one took its own
-    assert added < BUDGET // 2, added
+    # the old shard's RAM (about the budget) was let go before the new one took its own: the
+    # new one's staging then holds under half the budget besides it, or under the budget with
+    # the numpy reference kernels (PSTRAIN_KERNELS=numpy), whose index operations make arrays
+    # the size of an index as they go (docs/recommender-tables.md): two shards at once would
+    # hold about twice the budget either way
+    assert added < (BUDGET // 2 if KERNELS.__name__.endswith("compiled") else BUDGET), added
     assert ps.table_handlers.held() <= ps.store.budget.limit
     assert not ps.table_handlers.restores.asides
     assert not os.path.exists(shard.cold.directory)  # (the old shard's disk went)

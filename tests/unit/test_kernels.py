@@ -32,8 +32,13 @@ IDS = st.one_of(st.integers(-40, 400), st.integers(-(2**63), 2**63 - 1))
 BATCH = st.lists(IDS, max_size=300).map(lambda b: list(dict.fromkeys(b)))
 
 
+#: The kernels the run was told to use, read as this module is collected: each test runs
+#: with the ``PSTRAIN_*`` variables cleared (``clean_environ``), after ``KERNELS`` was chosen.
+CHOSEN = os.environ.get("PSTRAIN_KERNELS")
+
+
 def test_the_suite_runs_the_compiled_kernels_unless_told_otherwise():
-    expected = "numpy" if os.environ.get("PSTRAIN_KERNELS") == "numpy" else "compiled"
+    expected = "numpy" if CHOSEN == "numpy" else "compiled"
     assert KERNELS is (reference if expected == "numpy" else compiled)
     assert kernels("numpy") is reference and kernels("compiled") is compiled
     with pytest.raises(ValueError, match="PSTRAIN_KERNELS='fast'.*'compiled' or 'numpy'"):

@@ -18,6 +18,7 @@ from pstrain._formats.files import tensor_files
 from pstrain._formats.files.delta_files import read_table_plan
 from pstrain._formats.files.tensor_files import TensorFile, whole, write_streaming
 from pstrain._formats.numerics.optimizer_rules import RULES
+from pstrain._kernels import KERNELS
 from pstrain.errors import FailedPreconditionError, InvalidArgumentError, ResourceExhaustedError
 from pstrain.server.ps.checkpoints.snapshots import Snapshot
 from pstrain.server.ps.tables.cold_places import SavedPlaces
@@ -1154,6 +1155,11 @@ def test_the_hot_set_made_smaller_never_holds_its_index_twice(tmp_path):
     rng = np.random.default_rng(3)
     record = table.cold.record(["acc"]).itemsize
     checked = 0
+    # Besides what it stages: under half the index with the compiled kernels. The numpy
+    # reference's (PSTRAIN_KERNELS=numpy) deletes and inserts make arrays the size of the
+    # index as they go (as docs/recommender-tables.md says), which this bounds at twice the
+    # index.
+    compiled = KERNELS.__name__.endswith("compiled")
     tracemalloc.start()
     try:
         for t in range(46):
@@ -1166,7 +1172,13 @@ def test_the_hot_set_made_smaller_never_holds_its_index_twice(tmp_path):
                 added = tracemalloc.get_traced_memory()[1] - before
                 if moved:
                     staged = 2 * moved * record
-                    assert added - staged < index // 2, (t, moved, added, staged, index)
+                    assert added - staged < (index // 2 if compiled else 2 * index), (
+                        t,
+                        moved,
+                        added,
+                        staged,
+                        index,
+                    )
                     checked += 1
             train(table, ids, t + 1)
     finally:
