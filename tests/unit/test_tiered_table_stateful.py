@@ -351,10 +351,12 @@ class TieredAgainstRam(RuleBasedStateMachine):
             if not mine.size or not len(shard.cold):
                 continue
             found = shard.in_ram(mine)
-            cold_ids, places = shard.cold_wanted(mine[found.pos < 0])
+            cold_ids, slots, places = shard.cold_found(mine[found.pos < 0])
             records = shard.read_cold(places)
-            promotions.append(
-                lambda s=shard, c=cold_ids, at=places, r=records, m=mine, f=found: s.promote(c, at, r, m, f)
+            promotions.append(  # (checking the slots found still hold the places read, as a ps does)
+                lambda s=shard, c=cold_ids, at=places, r=records, m=mine, f=found, k=slots: s.promote(
+                    c, at, r, m, f, k
+                )
             )
         self.train(meanwhile)
         for promote in promotions:
