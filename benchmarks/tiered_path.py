@@ -71,7 +71,7 @@ def step(table: DynamicTable, ids: np.ndarray, t: int) -> None:
                 records = table.read_cold(places)
             finally:
                 table.cold.end_read()
-            table.promote(cold_ids, places, records, ids, found, slots)
+            table.promote(cold_ids, slots, places, records, ids, found)
     table.lookup(ids, True)
     table.apply(RULES["adagrad"], ids, np.full((ids.size, DIM), 0.01, np.float32), ADAGRAD, CONFIG, t)
 

@@ -334,19 +334,18 @@ def keep_changed(const int64_t[::1] rows, const uint32_t[::1] epochs, int64_t si
     return -1 if k < 0 else k - start
 
 
-def decode_places(const uint32_t[::1] codes, const int64_t[::1] at, int bits,
-                  const int64_t[::1] numbers, const int64_t[::1] firsts):
-    """The places of cold slots ``at`` (a tier's :class:`~pstrain.server.ps.tables.cold_places.Places`
-    indexed by them): a slot's 32-bit code is a handle (``code >> bits``) and a record within
-    its run (``code & (2**bits - 1)``), read back as ``numbers[handle] << 32 | firsts[handle] +
-    record``; the code 0xFFFFFFFF (a slot not in use) as -1. Negative slots count from the
-    end, as numpy's indexing does; a slot outside, or a handle never given, is an IndexError.
-    Each slot's code asked for ``PROBE_AHEAD`` slots before (a request's slots are scattered)."""
-    cdef Py_ssize_t i, n = at.shape[0], size = codes.shape[0], handles = numbers.shape[0]
-    cdef int64_t s, h
+def decode_places(const uint32_t[::1] codes, int bits, const int64_t[::1] numbers,
+                  const int64_t[::1] firsts):
+    """The places ``codes`` hold (a tier's :class:`~pstrain.server.ps.tables.cold_places.Places`,
+    a code a cold slot): a code is a handle (``code >> bits``) and a record within its run
+    (``code & (2**bits - 1)``), read back as ``numbers[handle] << 32 | firsts[handle] +
+    record``; the code 0xFFFFFFFF (a slot not in use) as -1. A handle never given is an
+    IndexError."""
+    cdef Py_ssize_t i, n = codes.shape[0], handles = numbers.shape[0]
     cdef uint32_t c, free_code = 0xFFFFFFFF
     cdef uint32_t mask = (<uint32_t>1 << bits) - 1 if 0 < bits < 32 else 0
-    cdef bint bad_slot = False, bad_handle = False
+    cdef int64_t h
+    cdef bint bad = False
     if not 0 < bits < 32:
         raise ValueError(f"decode_places: bits must be in 1..31, got {bits}")
     if firsts.shape[0] != handles:
@@ -355,29 +354,15 @@ def decode_places(const uint32_t[::1] codes, const int64_t[::1] at, int bits,
     cdef int64_t[::1] o = out
     with nogil:
         for i in range(n):
-            if i + PROBE_AHEAD < n:
-                s = at[i + PROBE_AHEAD]
-                if s < 0:
-                    s += size
-                if 0 <= s < size:
-                    __builtin_prefetch(&codes[s])
-            s = at[i]
-            if s < 0:
-                s += size
-            if s < 0 or s >= size:
-                bad_slot = True
-                break
-            c = codes[s]
+            c = codes[i]
             if c == free_code:
                 o[i] = -1
                 continue
             h = c >> bits
             if h >= handles:
-                bad_handle = True
+                bad = True
                 break
             o[i] = (numbers[h] << 32) | (firsts[h] + (c & mask))
-    if bad_slot:
-        raise IndexError(f"decode_places: a slot outside the {size} there are")
-    if bad_handle:
+    if bad:
         raise IndexError("decode_places: a code whose handle was never given")
     return out

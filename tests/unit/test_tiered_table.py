@@ -824,24 +824,21 @@ def test_a_promotion_that_moves_as_many_rows_out_leaves_no_id_in_both_tiers(tmp_
     assert table.cold_wanted(dup)[0].tolist() == sorted(set(table.cold_wanted(dup)[0].tolist()))
 
 
-def stage(table: TieredTable, ids: np.ndarray, by_slot: bool = True) -> Any:
+def stage(table: TieredTable, ids: np.ndarray) -> Any:
     """What a ps's stage does before its thread reads: the ids in RAM found, the others
-    looked for on disk; returns what puts them back in RAM once read (checking the cold
-    slots found still hold the places read, as a ps does; ``by_slot=False``: looking the
-    ids up on disk again, as a read on the loop does)."""
+    looked for on disk; returns what puts them back in RAM once read."""
     found = table.in_ram(ids)
     cold_ids, slots, places = table.cold_found(ids[found.pos < 0])
     records = table.read_cold(places)
 
     def promote() -> None:
-        table.promote(cold_ids, places, records, ids, found, slots if by_slot else None)
+        table.promote(cold_ids, slots, places, records, ids, found)
 
     return promote
 
 
-@pytest.mark.parametrize("by_slot", [True, False])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_a_stage_keeps_the_rows_it_found_in_ram_whatever_ran_while_it_read(tmp_path, seed, by_slot):
+def test_a_stage_keeps_the_rows_it_found_in_ram_whatever_ran_while_it_read(tmp_path, seed):
     # A stage finds which of a request's ids are in RAM (an update: from the lookup before
     # it, no probe), reads the others on a thread, and puts them back protecting what it
     # found, brought up to date: while it read, other requests may have moved its rows out
@@ -856,7 +853,7 @@ def test_a_stage_keeps_the_rows_it_found_in_ram_whatever_ran_while_it_read(tmp_p
     for _ in range(300):
         ids = rng.permutation(np.unique(rng.integers(0, 300, rng.integers(1, 30)))) * 7919 - 300
         t += 1
-        promote = stage(disk, ids, by_slot)
+        promote = stage(disk, ids)
         # meanwhile: new ids (rows of this request's move out), then some of its ids (back
         # in RAM, in other rows)
         for other in [ids + 1, ids[::2]][: rng.integers(0, 3)]:
@@ -878,13 +875,11 @@ def test_a_stage_keeps_the_rows_it_found_in_ram_whatever_ran_while_it_read(tmp_p
         np.testing.assert_array_equal(a[key], b[key], err_msg=key)
 
 
-@pytest.mark.parametrize("by_slot", [True, False])
-def test_a_read_from_before_a_row_changed_and_went_back_to_disk_is_not_put_back(tmp_path, by_slot):
+def test_a_read_from_before_a_row_changed_and_went_back_to_disk_is_not_put_back(tmp_path):
     # A request's stage reads a row's record on a thread; meanwhile another request takes
     # the row back, updates it and it goes to disk again, into another cold slot. The
     # stale read must not come back over the update (it did when a slot's own count of
     # its rows, which the new slot could match, told the reads apart: an update was lost).
-    # Checked by the slot found before the read (a ps's stage) or by the id looked up again.
     table = tiered(tmp_path, TableConfig(dim=4), hot_rows=50)
     x, z = np.array([1], np.int64), np.array([2], np.int64)
     train(table, np.array([1, 2], np.int64), 1)
@@ -895,7 +890,7 @@ def test_a_read_from_before_a_row_changed_and_went_back_to_disk_is_not_put_back(
     updated = table.lookup(x, False)
     table.demote(table.positions(z))  # takes the cold slot x left
     table.demote(table.positions(x))  # x goes to a fresh one
-    table.promote(stale_ids, places, stale, stale_ids, None, slots if by_slot else None)  # the stage, at last
+    table.promote(stale_ids, slots, places, stale, stale_ids)  # the stage, done at last
     np.testing.assert_array_equal(table.lookup(x, False), updated)
     assert np.array_equal(table.cold_wanted(z)[0], z)  # z untouched, still on disk
 
@@ -1349,11 +1344,11 @@ def test_after_a_restore_rows_read_back_take_the_disk_slots_of_those_they_replac
     for t in range(1, 40):  # ids the shard holds, most of them on disk
         ids = np.unique(rng.choice(want["ids"], 300, replace=False))
         found = table.in_ram(ids)
-        cold_ids, places = table.cold_wanted(ids[found.pos < 0])
+        cold_ids, at, places = table.cold_found(ids[found.pos < 0])
         new = int(np.count_nonzero(found.pos < 0)) - cold_ids.size
         assert new == 0
         assert not table.cold_short(new, ids.size)
-        table.promote(cold_ids, places, table.read_cold(places), ids, found)
+        table.promote(cold_ids, at, places, table.read_cold(places), ids, found)
         train(table, ids, t)
         assert table.nbytes <= table.budget and table.alloc >= alloc
     assert table.promoted - promoted > 5000  # (most came back from disk)

@@ -353,9 +353,9 @@ class TieredAgainstRam(RuleBasedStateMachine):
             found = shard.in_ram(mine)
             cold_ids, slots, places = shard.cold_found(mine[found.pos < 0])
             records = shard.read_cold(places)
-            promotions.append(  # (checking the slots found still hold the places read, as a ps does)
-                lambda s=shard, c=cold_ids, at=places, r=records, m=mine, f=found, k=slots: s.promote(
-                    c, at, r, m, f, k
+            promotions.append(
+                lambda s=shard, c=cold_ids, k=slots, at=places, r=records, m=mine, f=found: s.promote(
+                    c, k, at, r, m, f
                 )
             )
         self.train(meanwhile)

@@ -151,22 +151,16 @@ def keep_changed(
     return int(r.size)
 
 
-def decode_places(
-    codes: np.ndarray, at: np.ndarray, bits: int, numbers: np.ndarray, firsts: np.ndarray
-) -> np.ndarray:
+def decode_places(codes: np.ndarray, bits: int, numbers: np.ndarray, firsts: np.ndarray) -> np.ndarray:
     if not 0 < bits < 32:
         raise ValueError(f"decode_places: bits must be in 1..31, got {bits}")
     if firsts.shape[0] != numbers.shape[0]:
         raise ValueError("decode_places: numbers and firsts differ in length")
-    at = np.asarray(at, np.int64)
-    if at.size and (at.min() < -codes.size or at.max() >= codes.size):
-        raise IndexError(f"decode_places: a slot outside the {codes.size} there are")
-    code = codes[at]
-    out = np.full(at.shape, -1, np.int64)
-    used = code != np.uint32(0xFFFFFFFF)
-    handles = (code[used] >> np.uint32(bits)).astype(np.int64)
+    out = np.full(codes.shape, -1, np.int64)
+    used = codes != np.uint32(0xFFFFFFFF)
+    handles = (codes[used] >> np.uint32(bits)).astype(np.int64)
     if handles.size and handles.max() >= numbers.size:
         raise IndexError("decode_places: a code whose handle was never given")
-    records = firsts[handles] + (code[used] & np.uint32((1 << bits) - 1)).astype(np.int64)
+    records = firsts[handles] + (codes[used] & np.uint32((1 << bits) - 1)).astype(np.int64)
     out[used] = (numbers[handles] << 32) | records
     return out

@@ -37,8 +37,6 @@ class Places:
 
     #: A slot not in use (its handle is never given).
     FREE = np.uint32(0xFFFFFFFF)
-    #: Places decoded at a time (what a decoding holds besides its result).
-    BLOCK = 1 << 16
 
     def __init__(self, segment_rows: int) -> None:
         self.bits = max(1, (segment_rows - 1).bit_length())
@@ -100,24 +98,10 @@ class Places:
         return np.flatnonzero(self.codes[lo:hi] == self.FREE) + lo
 
     def __getitem__(self, at: Any) -> np.ndarray:
-        if type(at) is np.ndarray and at.ndim == 1 and at.dtype == np.int64 and self.numbers.size:
-            # a request's slots: in one compiled pass, no temporaries
-            return KERNELS.decode_places(
-                self.codes, np.ascontiguousarray(at), self.bits, self.numbers, self.firsts
-            )
-        codes = self.codes[at]
-        out = np.full(codes.shape, FREE, np.int64)
-        if not self.numbers.size:  # (no segment yet: every slot is free)
-            return out
-        flat_codes, flat = codes.reshape(-1), out.reshape(-1)
-        for lo in range(0, flat_codes.size, self.BLOCK):  # (temporaries of a block at most)
-            part = flat_codes[lo : lo + self.BLOCK]
-            used = np.flatnonzero(part != self.FREE)
-            part = part[used]
-            handles = part >> self.bits
-            records = self.firsts[handles] + (part & self.mask)
-            flat[lo + used] = (self.numbers[handles] << PLACE_BITS) | records
-        return out
+        codes = np.ascontiguousarray(self.codes[at])
+        # decoded in one compiled pass: no temporaries besides the result
+        out = KERNELS.decode_places(codes.reshape(-1), self.bits, self.numbers, self.firsts)
+        return out.reshape(codes.shape)
 
     def in_segment(self, slots: np.ndarray, number: int) -> np.ndarray:
         """Which of ``slots`` (in use) hold places in segment ``number``."""

@@ -344,7 +344,7 @@ class TableHandlers:
         got = await self._read_on_thread([r[0] for r in reads], lambda: [r[0].read_cold(r[4]) for r in reads])
         for (table, ids, cold_ids, slots, places, found, new), records in zip(reads, got):
             if self.tables.get(table.name) is table:  # (not replaced meanwhile)
-                table.promote(cold_ids, places, records, ids, found, slots)
+                table.promote(cold_ids, slots, places, records, ids, found)
                 if table.cold_short(new, ids.size):  # the rows put back grew the hot set into
                     table.shrink_for_cold(new, ids.size, keep=ids)  # the room checked for above
         return []

@@ -598,8 +598,8 @@ class TieredTable(TieredSlices, DynamicTable):
         return cold, places
 
     def cold_found(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """:meth:`cold_wanted`, with the cold slot of each: :meth:`promote` given them checks
-        each still holds its place rather than look its id up again."""
+        """:meth:`cold_wanted`, with the cold slot of each (what :meth:`promote` checks still
+        holds its place)."""
         ids = np.ascontiguousarray(ids, np.int64)
         if not len(self.cold):
             return ids[:0], np.empty(0, np.int64), np.empty(0, np.int64)
@@ -624,30 +624,23 @@ class TieredTable(TieredSlices, DynamicTable):
     def promote(
         self,
         ids: np.ndarray,
+        slots: np.ndarray,
         places: np.ndarray,
         records: dict[str, np.ndarray],
         keep: np.ndarray,
         found: Found | None = None,
-        slots: np.ndarray | None = None,
     ) -> None:
-        """Put the records read for ``ids`` back in RAM, those still on disk at the
-        ``places`` read (from :meth:`cold_wanted`: another request may have taken some back,
+        """Put the records read for ``ids`` back in RAM, those whose cold ``slots`` still hold
+        the ``places`` read (from :meth:`cold_found`: another request may have taken some back,
         changed them and moved them out again meanwhile, their records read then stale; or
         compaction moved one, and it is read again when a request needs it),
         never moving out the rows of ``keep`` (the request's ids; ``found``: their rows in
         RAM as :meth:`in_ram` found them before the read) for room. The rows moved out for
         room take the slots on disk of the rows put back: as many out as back needs no more
-        RAM for the disk's index (a restored shard's is as full as it may be).
-
-        ``slots``: the cold slots :meth:`cold_found` gave with ``places``. A slot that still
-        holds its place holds the same id (a place is never given twice), so they are
-        checked rather than the ids looked up again; without them, the ids are."""
-        if slots is None:
-            slots = self.cold.find(ids)
-            still = slots >= 0
-            still[still] = self.cold.current(slots[still], places[still])
-        else:
-            still = self.cold.current(slots, places)
+        RAM for the disk's index (a restored shard's is as full as it may be). A slot that
+        still holds its place holds the same id (a place is never given twice): the ids are
+        not looked up on disk again."""
+        still = self.cold.current(slots, places)
         if not still.any():
             return
         ids = ids[still]
@@ -688,11 +681,11 @@ class TieredTable(TieredSlices, DynamicTable):
         missing = pos < 0
         if not missing.any():
             return pos
-        cold_ids, places = self.cold_wanted(ids[missing])
+        cold_ids, slots, places = self.cold_found(ids[missing])
         if not cold_ids.size:
             return pos
         self.loop_reads += 1
-        self.promote(cold_ids, places, self.read_cold(places), ids)
+        self.promote(cold_ids, slots, places, self.read_cold(places), ids)
         return self.positions(ids)  # (a promotion may move as many rows out)
 
     def read_rows(self, places: np.ndarray) -> np.ndarray:
