@@ -107,6 +107,23 @@ def create_rows(
     low: float,
     high: float,
 ) -> None: ...
+def initial_rows(
+    ids: np.ndarray, seed: int, golden: int, salt: int, low: float, high: float, out: np.ndarray
+) -> None: ...
+def as_created(
+    rows: np.ndarray,
+    ids: np.ndarray,
+    values: np.ndarray,
+    slots: tuple[np.ndarray, ...],
+    inits: tuple[float, ...],
+    freq: np.ndarray,
+    seed: int,
+    golden: int,
+    salt: int,
+    low: float,
+    high: float,
+    out: np.ndarray,
+) -> None: ...
 def count_sightings(
     slots: np.ndarray,
     size: int,

@@ -31,7 +31,7 @@ from .id_index import (
     same_ids,
 )
 from .io_uring import io_uring_reads, pread_records
-from .new_rows import create_rows, initial_rows
+from .new_rows import as_created, create_rows, initial_rows
 from .optimizer_rows import adagrad_rows, rowwise_adagrad_rows, sgd_rows
 from .rows import (
     ascending_rows,
@@ -52,6 +52,7 @@ __all__ = [
     "ascending_rows",
     "aligned_allocations",
     "argsort_stable",
+    "as_created",
     "bag_positions",
     "compact_delete",
     "compact_get",

@@ -6,7 +6,7 @@ import numpy as np
 
 from .id_index import mix64
 
-__all__ = ["create_rows", "initial_rows"]
+__all__ = ["as_created", "create_rows", "initial_rows"]
 
 
 def initial_rows(
@@ -58,3 +58,38 @@ def create_rows(
     last_seen[rows] = lookups
     freq[rows] = 0
     epochs[rows] = epoch
+
+
+def as_created(
+    rows: np.ndarray,
+    ids: np.ndarray,
+    values: np.ndarray,
+    slots: tuple[np.ndarray, ...],
+    inits: tuple[float, ...],
+    freq: np.ndarray,
+    seed: int,
+    golden: int,
+    salt: int,
+    low: float,
+    high: float,
+    out: np.ndarray,
+) -> None:
+    n = rows.size
+    if ids.size != n or out.size != n or len(inits) != len(slots):
+        raise ValueError(
+            f"as_created: {n} rows for {ids.size} ids and {out.size} answers, "
+            f"{len(slots)} slots for {len(inits)} initial values"
+        )
+    if any(s.shape != values.shape for s in slots):
+        raise ValueError("as_created: a slot not shaped as the rows")
+    limit = min(values.shape[0], freq.shape[0])
+    if n and not (rows.min() >= 0 and rows.max() < limit):
+        raise IndexError("as_created: a row outside the table")
+    made = np.empty((n, values.shape[1]), values.dtype)
+    initial_rows(ids, seed, golden, salt, low, high, made)
+    bits = np.dtype(f"u{values.dtype.itemsize}")  # compared bit for bit (-0.0 is not 0.0)
+    same = freq[rows] == 0
+    same &= (values[rows].view(bits) == made.view(bits)).all(axis=1)
+    for arr, init in zip(slots, inits):
+        same &= (arr[rows].view(bits) == np.array(init, values.dtype).view(bits)).all(axis=1)
+    out[:] = same
