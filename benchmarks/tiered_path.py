@@ -68,7 +68,7 @@ def step(table: DynamicTable, ids: np.ndarray, t: int) -> None:
         if cold_ids.size:
             table.cold.begin_read()
             try:
-                records = table.read_cold(places)
+                records = table.read_cold(places, cold_ids, table.cold.made_at(slots))
             finally:
                 table.cold.end_read()
             table.promote(cold_ids, slots, places, records, ids, found)

@@ -140,6 +140,11 @@ _TABLE = (
     ("looked_up", "counter", "Ids of training lookups of a tiered table on this ps"),
     ("promoted", "counter", "Rows of a tiered table read back from disk into RAM on this ps"),
     (
+        "made_back",
+        "counter",
+        "Rows of a tiered table put back in RAM on this ps as the table made them, made again, not read",
+    ),
+    (
         "read_through",
         "counter",
         "Rows of a tiered table read from this ps's disk for lookups that do not train, left there",

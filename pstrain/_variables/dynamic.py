@@ -62,6 +62,7 @@ TIERED_STATISTICS = (
     "disk_bytes",
     "looked_up",
     "promoted",
+    "made_back",
     "read_through",
     "demoted",
     "compacted",
@@ -348,9 +349,10 @@ class DynamicEmbedding:
         """Rows held, admitted, evicted and bytes (in RAM), summed over the ps; on ps that
         tier their tables (``--memory-budget``, ``--table-dir``) also the rows in RAM
         (``hot_rows``) and on disk (``cold_rows``), ``disk_bytes``, the ids of training
-        lookups (``looked_up``), rows read back from disk (``promoted``), read from it for
-        lookups that do not train and left there (``read_through``) and moved to it
-        (``demoted``), reads from disk (``cold_reads``), refusals (``refused``) and the
+        lookups (``looked_up``), rows brought back from disk (``promoted``; ``made_back`` of
+        them made again rather than read: rows not changed since the table made them), read
+        from it for lookups that do not train and left there (``read_through``) and moved to
+        it (``demoted``), reads from disk (``cold_reads``), refusals (``refused``) and the
         times ``admit_after``'s sightings were forgotten for the budget (``sightings_shed``)."""
         parts = await asyncio.gather(
             *(self._request(ps, TableStatistics(name=self.key)) for ps in self.holders())

@@ -829,7 +829,7 @@ def stage(table: TieredTable, ids: np.ndarray) -> Any:
     looked for on disk; returns what puts them back in RAM once read."""
     found = table.in_ram(ids)
     cold_ids, slots, places = table.cold_found(ids[found.pos < 0])
-    records = table.read_cold(places)
+    records = table.read_cold(places, cold_ids, table.cold.made_at(slots))
 
     def promote() -> None:
         table.promote(cold_ids, slots, places, records, ids, found)
@@ -893,6 +893,135 @@ def test_a_read_from_before_a_row_changed_and_went_back_to_disk_is_not_put_back(
     table.promote(stale_ids, slots, places, stale, stale_ids)  # the stage, done at last
     np.testing.assert_array_equal(table.lookup(x, False), updated)
     assert np.array_equal(table.cold_wanted(z)[0], z)  # z untouched, still on disk
+
+
+def made_ahead(table: DynamicTable, ids: np.ndarray, t: int) -> None:
+    """Rows of ``ids`` made before training, as W9 makes its table's: a training lookup and a
+    gradient of zeros (each row, and its Adagrad slot, as the table made it)."""
+    table.lookup(ids, True)
+    table.apply(RULES["adagrad"], ids, np.zeros((ids.size, table.config.dim), np.float32), ADAGRAD, CFG, t)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from(["train", "zeros", "look", "evaluate", "staged"]),
+            st.lists(st.integers(0, 399), min_size=1, max_size=40),
+        ),
+        max_size=25,
+    ),
+    evict=st.sampled_from(["lru", "lfu"]),
+)
+def test_rows_made_ahead_come_back_from_disk_made_again_and_the_table_trains_as_in_ram(
+    tmp_path_factory, steps, evict
+):
+    # W9's shape: every row made first, most of them moved to disk untouched since; then
+    # training brings rows back (most of them never trained: made again from their ids,
+    # not read), trains some, leaves some at what they were made (a lookup alone, zeros),
+    # and moves them out again. Every lookup, row, slot and count is the table in RAM's;
+    # rows as made are made again under LRU, never under LFU (its records keep each row's
+    # last lookup).
+    config = TableConfig(dim=4, evict=evict)
+    ram = DynamicTable("t", config)
+    disk = tiered(tmp_path_factory.mktemp("tier"), config, hot_rows=64)
+    every = np.arange(400, dtype=np.int64) * 7919 - 300
+    for t, lo in enumerate(range(0, 400, 25), 1):
+        for table in (disk, ram):
+            made_ahead(table, every[lo : lo + 25], t)
+    first = every[:40]  # (made first: on disk by now, as made)
+    assert disk.cold_wanted(first)[0].size == 40
+    # first: trained rows pushed to disk, then brought back with rows as made in one request
+    mixed = [*range(40), *range(200, 220)]
+    steps = [("train", list(range(40))), ("train", list(range(100, 140))), ("staged", mixed), *steps]
+    looks = np.ones(every.size, np.int64)  # training lookups of each row (LFU's count)
+    for t, (kind, picks) in enumerate(steps, 100):
+        ids = every[list(dict.fromkeys(picks))]
+        if kind == "evaluate":
+            np.testing.assert_array_equal(disk.lookup(ids, False), ram.lookup(ids, False))
+            continue
+        looks[list(dict.fromkeys(picks))] += 1
+        if kind == "staged":  # a ps's stage: read (or made) off the loop, then put back
+            stage(disk, ids)()
+        if kind == "look":
+            np.testing.assert_array_equal(disk.lookup(ids, True), ram.lookup(ids, True))
+        elif kind == "zeros":
+            for table in (disk, ram):
+                made_ahead(table, ids, t)
+        else:
+            np.testing.assert_array_equal(train(disk, ids, t), train(ram, ids, t))
+    stats = disk.statistics()
+    assert (stats["made_back"] >= 40) if evict == "lru" else stats["made_back"] == 0, stats
+    # (the rows read: those put back not made, and those read for lookups that do not train)
+    assert stats["promoted"] - stats["made_back"] == stats["cold_rows_read"] - stats["read_through"], stats
+    a, b = by_id(disk.export()), by_id(ram.export())
+    assert a.keys() == b.keys()
+    for key in a:
+        np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+    # each row's count of lookups, from RAM or its record (moves and saves carry it)
+    np.testing.assert_array_equal(bookkeeping(disk, every)[1], looks if evict == "lfu" else 0)
+    # each record a bit calls as made is one: made again, it is what the disk holds
+    cold_ids, slots, places = disk.cold_found(every)
+    made = disk.cold.made_at(slots)
+    if evict == "lfu":
+        assert not made.any()
+    read, again = disk.read_cold(places), disk.read_cold(places, cold_ids, made)
+    for key in ("ids", "rows", "slot:acc"):
+        np.testing.assert_array_equal(read[key], again[key], err_msg=key)
+    np.testing.assert_array_equal(read["meta"]["freq"], again["meta"]["freq"])
+
+
+def test_a_made_row_read_before_it_changed_and_went_back_to_disk_is_not_made_over_it(tmp_path):
+    # As the stale read below, for a row whose record a stage would make again rather than
+    # read: the stage finds it on disk as made; meanwhile the row is taken back, trained and
+    # moved out again, and another row as made takes its old slot on disk (its bit set
+    # again). The stage's promotion must not put the row as made back over its update.
+    table = tiered(tmp_path, TableConfig(dim=4), hot_rows=50)
+    x, z = np.array([1], np.int64), np.array([2], np.int64)
+    made_ahead(table, np.array([1, 2], np.int64), 1)
+    table.demote(table.positions(x))
+    stale_ids, slots, places = table.cold_found(x)
+    made = table.cold.made_at(slots)
+    assert made.all()
+    stale = table.read_cold(places, stale_ids, made)  # made, not read
+    assert table.statistics()["made_back"] == 1 and table.statistics()["cold_reads"] == 0
+    train(table, x, 2)  # taken back (on the loop) and updated
+    updated = table.lookup(x, False)
+    table.demote(table.positions(z))  # as made, into the cold slot x left
+    assert table.cold.find(z).tolist() == slots.tolist() and table.cold.made_at(slots).all()
+    table.demote(table.positions(x))  # x goes to a fresh one, trained: not as made
+    assert not table.cold.made_at(table.cold.find(x)).any()
+    table.promote(stale_ids, slots, places, stale, stale_ids)  # the stage, done at last
+    np.testing.assert_array_equal(table.lookup(x, False), updated)
+    assert np.array_equal(table.cold_wanted(z)[0], z)  # z untouched, still on disk
+
+
+def test_the_bit_of_a_row_as_made_follows_its_record_on_disk(tmp_path):
+    # Set when a row as made goes to disk, cleared for a trained one; kept by compaction
+    # (the record copied whole); cleared for rows a move brings and for a restore's.
+    table = tiered(tmp_path, TableConfig(dim=4), hot_rows=50)
+    cold = table.cold
+    made_ids, trained_ids = np.arange(0, 20, dtype=np.int64), np.arange(20, 40, dtype=np.int64)
+    made_ahead(table, made_ids, 1)
+    train(table, trained_ids, 2)
+    table.demote(table.positions(np.concatenate([made_ids, trained_ids])))
+    assert cold.made_at(cold.find(made_ids)).all() and not cold.made_at(cold.find(trained_ids)).any()
+    slots = cold.find(made_ids)
+    before = cold.places[slots]
+    assert cold.rewrite(slots, before, cold.read(before, dict(table.slot_init))) == 20
+    assert (cold.places[slots] != before).all() and cold.made_at(slots).all()
+    moved = np.arange(1000, 1100, dtype=np.int64)
+    rows = np.arange(400, dtype=np.float32).reshape(100, 4)
+    assert table.merge_slices(*moved_in(table, moved, rows, rows + 0.5)) == 100
+    on_disk = cold.find(moved)
+    assert (on_disk >= 0).any() and not cold.made_at(on_disk[on_disk >= 0]).any()
+    for t, lo in enumerate(range(2000, 2400, 40), 3):  # more than RAM holds: a restore's rest on disk
+        made_ahead(table, np.arange(lo, lo + 40, dtype=np.int64), t)
+    saved = table.export()
+    table.load(saved["ids"], saved["rows"], {"acc": saved["slot:acc"]}, {"acc": 0.1})
+    restored = cold.find(saved["ids"])
+    assert (restored >= 0).any() and not cold.made_at(restored[restored >= 0]).any()
+    np.testing.assert_array_equal(by_id(table.export())["rows"], by_id(saved)["rows"])
 
 
 def test_the_hot_set_grows_only_within_the_whole_budget_once_the_disk_index_took_more_than_its_half(

@@ -136,6 +136,13 @@ class ColdRows:
         #: ``KEY_SPAN`` orders as that far) and at its top.
         self.keys = np.empty(0, np.uint32)
         self.key_base = 0
+        #: A bit a cold slot (:meth:`made_at`): set where the slot's record holds its row as
+        #: the table made it (initial values and slots, a count of 0: what
+        #: :meth:`TieredTable._write_out` checks), so that a promotion makes the row again
+        #: rather than read it. Set or cleared with each place :meth:`add` gives, cleared with
+        #: a bulk load's, kept with compaction's (which copies a record whole): a slot that
+        #: still holds the place read with its bit (:meth:`current`) holds that record.
+        self.as_made = np.zeros(0, np.uint8)
         #: Slots not in use below ``used`` (reused once they are ``REUSE`` of them: found
         #: by a scan from ``cursor``, not kept in a list of their own, 4 bytes a slot).
         self.nfree = self.used = self.cursor = 0
@@ -154,11 +161,17 @@ class ColdRows:
     @property
     def nbytes(self) -> int:
         """RAM this tier takes: its index and per-row arrays."""
-        return int(self.index.nbytes + self.places.nbytes + self.epochs.nbytes + self.keys.nbytes)
+        return int(
+            self.index.nbytes
+            + self.places.nbytes
+            + self.epochs.nbytes
+            + self.keys.nbytes
+            + self.as_made.nbytes
+        )
 
     #: Bytes per cold slot of the arrays besides the index: place (:class:`Places`), epoch,
-    #: key. (With its index entry, 16 to 20 bytes by the index's load, a cold row takes 28
-    #: to 32 bytes.)
+    #: key (and a bit: :attr:`as_made`). (With its index entry, 16 to 20 bytes by the
+    #: index's load, a cold row takes 28 to 32 bytes.)
     SLOT_BYTES = 4 + 4 + 4
 
     def nbytes_with(self, more: int, tight: bool = False) -> int:
@@ -182,7 +195,7 @@ class ColdRows:
         if need > size:
             size = _grown(size, need)
         segments = -(-more // self.segment_rows) + 1  # (each a handle, 16 bytes: Places)
-        return size * self.SLOT_BYTES + self.places.handle_bytes(segments)
+        return size * self.SLOT_BYTES + -(-size // 8) + self.places.handle_bytes(segments)
 
     @property
     def segments(self) -> dict[int, Segment]:
@@ -239,9 +252,12 @@ class ColdRows:
         keys: np.ndarray,
         *,
         tight: bool = False,
+        as_made: np.ndarray | None = None,
     ) -> None:
         """Index ``ids`` (none here yet), whose records :meth:`write` put at ``places``: the
-        second half of :meth:`put`, which a caller may do once it has freed RAM for them."""
+        second half of :meth:`put`, which a caller may do once it has freed RAM for them.
+        ``as_made``: which of the records hold their rows as the table made them (checked
+        by the caller; none if None)."""
         n = ids.size
         if not n:
             return
@@ -249,6 +265,7 @@ class ColdRows:
             self.index.reserve_for(ids)
         cold = self._take_slots(n)
         self.places[cold] = places
+        self._mark_made(cold, as_made)
         self.epochs[cold] = epochs
         self._set_keys(cold, keys)
         self.index.insert(ids, cold)
@@ -276,6 +293,7 @@ class ColdRows:
                 if block.size != block_places.size:
                     raise InvalidArgumentError(f"a bulk load into {self.directory}: more places than ids")
                 self.places[at : at + block.size] = block_places
+                self._mark_made(np.arange(at, at + block.size, dtype=np.int64), None)
                 self.index.insert(block, np.arange(at, at + block.size, dtype=np.int64))
                 at += block.size
                 done += block.size
@@ -347,6 +365,7 @@ class ColdRows:
             resize_rows(self.places.__dict__, "codes", size)
             for name in ("epochs", "keys"):
                 resize_rows(self.__dict__, name, size)
+            resize_rows(self.__dict__, "as_made", -(-size // 8))  # (the new bits 0)
             self.places.codes[old:] = Places.FREE
 
     def _free_slots(self, n: int) -> np.ndarray:
@@ -390,6 +409,22 @@ class ColdRows:
             self.keys[: self.used] = np.where(live, np.clip(held, 0, KEY_TOP), 0).astype(np.uint32)
             self.key_base = base
         self.keys[slots] = np.clip(keys - self.key_base, 0, KEY_TOP).astype(np.uint32)
+
+    def _mark_made(self, slots: np.ndarray, made: np.ndarray | None) -> None:
+        """:attr:`as_made`'s bits of ``slots`` set where ``made``, cleared elsewhere."""
+        if not slots.size:
+            return
+        byte, bit = slots >> 3, np.left_shift(1, slots & 7).astype(np.uint8)
+        np.bitwise_and.at(self.as_made, byte, ~bit)
+        if made is not None and made.any():
+            np.bitwise_or.at(self.as_made, byte[made], bit[made])
+
+    def made_at(self, slots: np.ndarray) -> np.ndarray:
+        """Which of cold ``slots`` (in use) hold records of rows as the table made them
+        (:attr:`as_made`): taken with the slots' places, before a read, they say which of
+        the records read need not be."""
+        slots = np.asarray(slots, np.int64)
+        return ((self.as_made[slots >> 3] >> (slots & 7).astype(np.uint8)) & 1) != 0
 
     def keys_of(self, slots: np.ndarray) -> np.ndarray:
         """The eviction keys of cold ``slots`` (int64)."""
@@ -465,7 +500,7 @@ class ColdRows:
         slot_values = {k[5:]: v[still] for k, v in records.items() if k.startswith("slot:")}
         new = self.write(records["ids"][still], records["rows"][still], slot_values, records["meta"][still])
         self.files.died(places[still])
-        self.places[slots] = new
+        self.places[slots] = new  # (the records copied whole: their bits hold)
         self.collect()
         return int(slots.size)
 

@@ -339,10 +339,12 @@ class TableHandlers:
             new = int(np.count_nonzero(found.pos < 0)) - cold_ids.size
             if table.cold_short(new, ids.size):  # the index on disk needs RAM for them
                 table.shrink_for_cold(new, ids.size, keep=ids)  # (none of ``ids`` moves)
-            if cold_ids.size:
-                reads.append((table, ids, cold_ids, slots, places, found, new))
-        got = await self._read_on_thread([r[0] for r in reads], lambda: [r[0].read_cold(r[4]) for r in reads])
-        for (table, ids, cold_ids, slots, places, found, new), records in zip(reads, got):
+            if cold_ids.size:  # (which need no read: taken with their places, on the loop)
+                reads.append((table, ids, cold_ids, slots, places, found, new, table.cold.made_at(slots)))
+        got = await self._read_on_thread(
+            [r[0] for r in reads], lambda: [r[0].read_cold(r[4], r[2], r[7]) for r in reads]
+        )
+        for (table, ids, cold_ids, slots, places, found, new, _), records in zip(reads, got):
             if self.tables.get(table.name) is table:  # (not replaced meanwhile)
                 table.promote(cold_ids, slots, places, records, ids, found)
                 if table.cold_short(new, ids.size):  # the rows put back grew the hot set into

@@ -46,6 +46,7 @@ import numpy as np
 
 from ...._base.errors import InvalidArgumentError, ResourceExhaustedError
 from ...._formats.files.direct_writes import ALIGN, CHUNK
+from ...._formats.numerics.idhash import row_hash
 from ..checkpoints.snapshots import Snapshot
 from ..store import ChangeClock
 from .cold_places import MaskedPlaces
@@ -182,6 +183,7 @@ class TieredTable(TieredSlices, DynamicTable):
         #: (this one's if not given), for rows that need the room: whether there were any.
         self.shed = shed or self.shed_sightings
         self.promoted = self.demoted = self.refused = 0
+        self.made_back = 0  # rows put back in RAM made again, as the table made them, not read
         self.shrunk = 0  # times the hot set gave RAM to the index of the rows on disk
         #: The rows the hot set may hold since it last gave RAM to the index of the rows on
         #: disk (it would take back what it gave, to give it again at the next request).
@@ -472,17 +474,25 @@ class TieredTable(TieredSlices, DynamicTable):
             self._moved_out(rows, *self._write_out(rows))
 
     def _moved_out(
-        self, rows: np.ndarray, ids: np.ndarray, places: np.ndarray, meta: np.ndarray, keys: np.ndarray
+        self,
+        rows: np.ndarray,
+        ids: np.ndarray,
+        places: np.ndarray,
+        meta: np.ndarray,
+        keys: np.ndarray,
+        made: np.ndarray | None,
     ) -> None:
         """Hot ``rows``, whose records :meth:`_write_out` wrote, indexed on disk and let go in RAM."""
-        self.cold.add(ids, places, meta["epoch"], keys)
+        self.cold.add(ids, places, meta["epoch"], keys, as_made=made)
         self.release(rows)
         self.demoted += rows.size
 
-    def _write_out(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def _write_out(
+        self, rows: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
         """Write hot ``rows``' records to disk, not yet indexed there: their ids, places,
-        ``META`` records and eviction keys (a full disk: ResourceExhaustedError, counted,
-        nothing changed)."""
+        ``META`` records, eviction keys and which are rows as the table made them
+        (:meth:`_as_made`) (a full disk: ResourceExhaustedError, counted, nothing changed)."""
         meta = np.zeros(rows.size, META)
         meta["epoch"], meta["last_seen"], meta["freq"] = (
             self.epochs[rows],
@@ -495,7 +505,32 @@ class TieredTable(TieredSlices, DynamicTable):
         except ResourceExhaustedError:
             self.refused += 1
             raise
-        return ids, places, meta, meta["last_seen"] if self.by_age else meta["freq"]
+        return ids, places, meta, meta["last_seen"] if self.by_age else meta["freq"], self._as_made(rows, ids)
+
+    def _as_made(self, rows: np.ndarray, ids: np.ndarray) -> np.ndarray | None:
+        """Which hot ``rows`` (of ``ids``) hold what :meth:`_create` made them, bit for bit:
+        their initial values and slots, a count of 0 (the rows of a table made ahead of its
+        training, never trained since). A promotion makes those again rather than read
+        their records (:meth:`read_cold`). Only where the record's other field is all a
+        promotion takes from it: a count of lookups (a table that moves rows to disk by
+        their last lookup); an LFU table's records keep their last lookups, which differ."""
+        if not self.by_age or not rows.size:
+            return None
+        made = np.empty(rows.size, np.uint8)
+        cfg = self.config
+        self.kernels.as_created(
+            rows,
+            ids,
+            self.rows,
+            tuple(self.slots.values()),
+            tuple(self.slot_init[k] for k in self.slots),
+            self.freq,
+            *row_hash(cfg.seed),
+            cfg.init_low,
+            cfg.init_high,
+            made,
+        )
+        return made.view(bool)
 
     # -- RAM given to the index of the rows on disk -------------------------------------------------
     def _hot_floor(self, n: int) -> int:
@@ -560,11 +595,11 @@ class TieredTable(TieredSlices, DynamicTable):
         rows = self._coldest(moving, self._rows_in_ram(keep)) if moving else np.empty(0, np.int64)
         if rows.size < moving:  # the request's own rows would have to go: not for this
             return 0
-        ids, places, meta, keys = self._write_out(rows)  # a full disk: nothing changed
+        ids, places, meta, keys, made = self._write_out(rows)  # a full disk: nothing changed
         self.release(rows)
         self.demoted += rows.size
         self._pack_hot(lo)  # the hot arrays' RAM goes back first,
-        self.cold.add(ids, places, meta["epoch"], keys)  # then the disk's index grows
+        self.cold.add(ids, places, meta["epoch"], keys, as_made=made)  # then the disk's index grows
         self.shrunk += 1
         self.hot_cap = lo
         return int(rows.size)
@@ -613,9 +648,37 @@ class TieredTable(TieredSlices, DynamicTable):
             slots = slots[first]
         return cold, slots, self.cold.places[slots]
 
-    def read_cold(self, places: np.ndarray) -> dict[str, np.ndarray]:
+    def read_cold(
+        self, places: np.ndarray, ids: np.ndarray | None = None, made: np.ndarray | None = None
+    ) -> dict[str, np.ndarray]:
         """The records at ``places``, timed. A caller that reads on a thread counts itself
-        in with ``cold.begin_read`` before it awaits, so no segment is deleted meanwhile."""
+        in with ``cold.begin_read`` before it awaits, so no segment is deleted meanwhile.
+        ``made`` (with the records' ``ids``): which records hold rows as the table made them
+        (``cold.made_at`` of their slots, taken with ``places``); those are made again, not
+        read (:meth:`_as_made`)."""
+        if made is None or ids is None or not made.any():
+            return self._timed_read(places)
+        n, slot_init, cfg = places.size, dict(self.slot_init), self.config
+        got: dict[str, np.ndarray] = {
+            "ids": np.empty(n, np.int64),
+            "meta": np.empty(n, META),
+            "rows": np.empty((n, cfg.dim), self.dtype),
+            **{f"slot:{k}": np.empty((n, cfg.dim), self.dtype) for k in slot_init},
+        }
+        if not made.all():
+            for k, v in self._timed_read(places[~made]).items():
+                got[k][~made] = v
+        rows = np.empty((int(np.count_nonzero(made)), cfg.dim), self.dtype)
+        made_ids = np.ascontiguousarray(ids[made], np.int64)
+        self.kernels.initial_rows(made_ids, *row_hash(cfg.seed), cfg.init_low, cfg.init_high, rows)
+        got["ids"][made], got["rows"][made] = made_ids, rows
+        got["meta"][made] = np.zeros(1, META)  # (a count of 0; the rest is the index's: promote)
+        for k, init in slot_init.items():
+            got[f"slot:{k}"][made] = init
+        self.made_back += rows.shape[0]
+        return got
+
+    def _timed_read(self, places: np.ndarray) -> dict[str, np.ndarray]:
         started = time.perf_counter()
         got = self.cold.read(places, dict(self.slot_init))
         self.cold_latency = [*self.cold_latency[-1023:], time.perf_counter() - started]
@@ -685,7 +748,7 @@ class TieredTable(TieredSlices, DynamicTable):
         if not cold_ids.size:
             return pos
         self.loop_reads += 1
-        self.promote(cold_ids, slots, places, self.read_cold(places), ids)
+        self.promote(cold_ids, slots, places, self.read_cold(places, cold_ids, self.cold.made_at(slots)), ids)
         return self.positions(ids)  # (a promotion may move as many rows out)
 
     def read_rows(self, places: np.ndarray) -> np.ndarray:
@@ -1019,6 +1082,7 @@ class TieredTable(TieredSlices, DynamicTable):
             "cold_reads_io_uring": int(bool(self.kernels.io_uring_reads())),
             "looked_up": self.looked_up,
             "promoted": self.promoted,
+            "made_back": self.made_back,
             "read_through": self.read_through,
             "demoted": self.demoted,
             "compacted": self.compacted,
