@@ -61,6 +61,7 @@ def w6_data(n_train: int, n_test: int = 20_000):
 COUNTERS = (
     "looked_up",
     "promoted",
+    "made_back",
     "demoted",
     "cold_reads",
     "cold_rows_read",

@@ -9,21 +9,22 @@ without. Reported (medians): examples per second and ``ratio_to_in_ram``; each p
 sampled every 100 ms, its peak over the RSS it had before holding anything
 (``peak_rss_over_budget``: that peak / the budget; ``saves_peak_rss_over_budget`` and
 ``restore_peak_rss_over_budget``: the same during the full saves and the restore); rows in
-RAM and on disk; the hit rate of lookups and the rows read back from disk per step, over
-the timed steps (a fill's and the warm-up's left out); reads from disk and their p50/p99
-latency; full saves of the table with its Adagrad accumulators (the table and the
-optimizer in the checkpoint), each against a plain sequential write of as many bytes to
-the same disk, alternated (``save_over_plain_write``: the median of three after the first;
-the first, which pays for what the ps and the coordinator set up once, is
-``first_save_over_plain_write``); a restore of a base and ten deltas against a plain read
-of their files after it, both from disk and each after a read of the same files
-(``first_plain_read_s``, not compared: memory this VM has not used lately costs 3 to 8 ms
-a MB at first touch, and the one that reads first pays it) (``restore_over_plain_read``),
-and the hit rate of the ten steps after it (``hit_rate_after_restore``: the hot set the
-restore chose); then a full save of the restored table, which links the base's files its
-tier still reads rather than write their rows again (``save_after_restore_bytes``: what it
-wrote, links left out; ``save_after_restore_over_plain_write``: a plain write of a full
-save's bytes, the median of those above, over its time); held-out log loss of both.
+RAM and on disk; the hit rate of lookups and the rows brought back to RAM per step (those
+made again, as the table made them, and those read from disk), over the timed steps (a
+fill's and the warm-up's left out); reads from disk and their p50/p99 latency; full saves
+of the table with its Adagrad accumulators (the table and the optimizer in the checkpoint),
+each against a plain sequential write of as many bytes to the same disk, alternated
+(``save_over_plain_write``: the median of three after the first; the first, which pays for
+what the ps and the coordinator set up once, is ``first_save_over_plain_write``); a restore
+of a base and ten deltas against a plain read of their files after it, both from disk and
+each after a read of the same files (``first_plain_read_s``, not compared: memory this VM
+has not used lately costs 3 to 8 ms a MB at first touch, and the one that reads first pays
+it) (``restore_over_plain_read``), and the hit rate of the ten steps after it
+(``hit_rate_after_restore``: the hot set the restore chose); then a full save of the
+restored table, which links the base's files its tier still reads rather than write their
+rows again (``save_after_restore_bytes``: what it wrote, links left out;
+``save_after_restore_over_plain_write``: a plain write of a full save's bytes, the median
+of those above, over its time); held-out log loss of both.
 
     python benchmarks/tiered_tables.py [--steps 1200] [--budget 80MiB] [--runs 3] [--inflight 2]
         [--eviction lru|lfu]
@@ -302,6 +303,8 @@ def main() -> None:
     timed = [(r["table_over_timed_steps"], r["timed_steps"]) for r in tiered]
     hit_rates = [1 - c.get("promoted", 0) / max(1, c.get("looked_up", 0)) for c, _ in timed]
     promoted = [c.get("promoted", 0) / n for c, n in timed]
+    made_back = [c.get("made_back", 0) / n for c, n in timed]  # (of those: made again, not read)
+    read_back = [(c.get("promoted", 0) - c.get("made_back", 0)) / n for c, n in timed]
     cold_reads = [c.get("cold_reads", 0) / n for c, n in timed]
     emit(
         {
@@ -335,7 +338,9 @@ def main() -> None:
             "disk_bytes": last.get("disk_bytes"),
             "hit_rate": round(median(hit_rates), 4),
             "cold_reads_per_step": round(median(cold_reads), 2),
-            "rows_read_from_disk_per_step": round(median(promoted), 1),
+            "rows_back_in_ram_per_step": round(median(promoted), 1),
+            "rows_made_back_per_step": round(median(made_back), 1),
+            "rows_read_from_disk_per_step": round(median(read_back), 1),
             "eviction": tiered[-1]["eviction"],
             "cold_read_p50_us_per_ps": [t.get("cold_read_p50_us") for t in per_ps],
             "cold_read_p99_us_per_ps": [t.get("cold_read_p99_us") for t in per_ps],
