@@ -675,7 +675,7 @@ class TieredTable(TieredSlices, DynamicTable):
         got["meta"][made] = np.zeros(1, META)  # (a count of 0; the rest is the index's: promote)
         for k, init in slot_init.items():
             got[f"slot:{k}"][made] = init
-        self.made_back += rows.shape[0]
+        got["made"] = made  # (what :meth:`promote` counts)
         return got
 
     def _timed_read(self, places: np.ndarray) -> dict[str, np.ndarray]:
@@ -733,6 +733,8 @@ class TieredTable(TieredSlices, DynamicTable):
         self.epochs[rows] = epochs
         self.index.insert(ids, rows)
         self.promoted += ids.size
+        if "made" in records:
+            self.made_back += int(np.count_nonzero(records["made"]))
 
     def _hot_positions(self, ids: np.ndarray, pos: np.ndarray | None) -> np.ndarray:
         """The :meth:`positions` of ``ids`` (``pos``, if given, are they), once those on
