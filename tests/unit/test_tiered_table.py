@@ -875,31 +875,41 @@ def test_a_stage_keeps_the_rows_it_found_in_ram_whatever_ran_while_it_read(tmp_p
         np.testing.assert_array_equal(a[key], b[key], err_msg=key)
 
 
-def test_a_read_from_before_a_row_changed_and_went_back_to_disk_is_not_put_back(tmp_path):
-    # A request's stage reads a row's record on a thread; meanwhile another request takes
-    # the row back, updates it and it goes to disk again, into another cold slot. The
-    # stale read must not come back over the update (it did when a slot's own count of
-    # its rows, which the new slot could match, told the reads apart: an update was lost).
-    table = tiered(tmp_path, TableConfig(dim=4), hot_rows=50)
-    x, z = np.array([1], np.int64), np.array([2], np.int64)
-    train(table, np.array([1, 2], np.int64), 1)
-    table.demote(table.positions(x))
-    stale_ids, slots, places = table.cold_found(x)
-    stale = table.read_cold(places)  # (what the stage's thread read)
-    train(table, x, 2)  # taken back (on the loop) and updated
-    updated = table.lookup(x, False)
-    table.demote(table.positions(z))  # takes the cold slot x left
-    table.demote(table.positions(x))  # x goes to a fresh one
-    table.promote(stale_ids, slots, places, stale, stale_ids)  # the stage, done at last
-    np.testing.assert_array_equal(table.lookup(x, False), updated)
-    assert np.array_equal(table.cold_wanted(z)[0], z)  # z untouched, still on disk
-
-
 def made_ahead(table: DynamicTable, ids: np.ndarray, t: int) -> None:
     """Rows of ``ids`` made before training, as W9 makes its table's: a training lookup and a
     gradient of zeros (each row, and its Adagrad slot, as the table made it)."""
     table.lookup(ids, True)
     table.apply(RULES["adagrad"], ids, np.zeros((ids.size, table.config.dim), np.float32), ADAGRAD, CFG, t)
+
+
+@pytest.mark.parametrize("ahead", [False, True])
+def test_a_read_from_before_a_row_changed_and_went_back_to_disk_is_not_put_back(tmp_path, ahead):
+    # A request's stage reads a row's record on a thread; meanwhile another request takes
+    # the row back, updates it and it goes to disk again, into another cold slot. The
+    # stale read must not come back over the update (it did when a slot's own count of
+    # its rows, which the new slot could match, told the reads apart: an update was lost).
+    # ``ahead``: the rows made before training and untouched, so the stage makes the row
+    # rather than read it, and the row that takes its old slot on disk is as made too (the
+    # slot's bit set again): the row as made must not come back over the update either.
+    table = tiered(tmp_path, TableConfig(dim=4), hot_rows=50)
+    x, z = np.array([1], np.int64), np.array([2], np.int64)
+    (made_ahead if ahead else train)(table, np.array([1, 2], np.int64), 1)
+    table.demote(table.positions(x))
+    stale_ids, slots, places = table.cold_found(x)
+    made = table.cold.made_at(slots)
+    assert made.tolist() == [ahead]
+    stale = table.read_cold(places, stale_ids, made)  # (what the stage's thread read, or made)
+    assert table.statistics()["cold_reads"] == int(not ahead)
+    train(table, x, 2)  # taken back (on the loop) and updated
+    updated = table.lookup(x, False)
+    table.demote(table.positions(z))  # takes the cold slot x left
+    assert table.cold.find(z).tolist() == slots.tolist() and table.cold.made_at(slots).tolist() == [ahead]
+    table.demote(table.positions(x))  # x goes to a fresh one, trained: not as made
+    assert not table.cold.made_at(table.cold.find(x)).any()
+    table.promote(stale_ids, slots, places, stale, stale_ids)  # the stage, done at last
+    np.testing.assert_array_equal(table.lookup(x, False), updated)
+    assert np.array_equal(table.cold_wanted(z)[0], z)  # z untouched, still on disk
+    assert table.statistics()["made_back"] == int(ahead)  # (the loop's, for the training lookup)
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -969,32 +979,6 @@ def test_rows_made_ahead_come_back_from_disk_made_again_and_the_table_trains_as_
     for key in ("ids", "rows", "slot:acc"):
         np.testing.assert_array_equal(read[key], again[key], err_msg=key)
     np.testing.assert_array_equal(read["meta"]["freq"], again["meta"]["freq"])
-
-
-def test_a_made_row_read_before_it_changed_and_went_back_to_disk_is_not_made_over_it(tmp_path):
-    # As the stale read below, for a row whose record a stage would make again rather than
-    # read: the stage finds it on disk as made; meanwhile the row is taken back, trained and
-    # moved out again, and another row as made takes its old slot on disk (its bit set
-    # again). The stage's promotion must not put the row as made back over its update.
-    table = tiered(tmp_path, TableConfig(dim=4), hot_rows=50)
-    x, z = np.array([1], np.int64), np.array([2], np.int64)
-    made_ahead(table, np.array([1, 2], np.int64), 1)
-    table.demote(table.positions(x))
-    stale_ids, slots, places = table.cold_found(x)
-    made = table.cold.made_at(slots)
-    assert made.all()
-    stale = table.read_cold(places, stale_ids, made)  # made, not read
-    assert table.statistics()["cold_reads"] == 0
-    train(table, x, 2)  # taken back (on the loop) and updated
-    updated = table.lookup(x, False)
-    table.demote(table.positions(z))  # as made, into the cold slot x left
-    assert table.cold.find(z).tolist() == slots.tolist() and table.cold.made_at(slots).all()
-    table.demote(table.positions(x))  # x goes to a fresh one, trained: not as made
-    assert not table.cold.made_at(table.cold.find(x)).any()
-    table.promote(stale_ids, slots, places, stale, stale_ids)  # the stage, done at last
-    np.testing.assert_array_equal(table.lookup(x, False), updated)
-    assert np.array_equal(table.cold_wanted(z)[0], z)  # z untouched, still on disk
-    assert table.statistics()["made_back"] == 1  # (the loop's, for the training lookup: not the stale one)
 
 
 def test_the_bit_of_a_row_as_made_follows_its_record_on_disk(tmp_path):
