@@ -250,3 +250,31 @@ def test_a_discarded_tier_leaves_its_path_at_once_and_its_files_on_a_thread(tmp_
     assert not os.path.exists(directory)
     removals_done(timeout=30)
     assert os.listdir(tmp_path) == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    size=st.integers(1, 200),
+    ops=st.lists(
+        st.tuples(st.booleans(), st.integers(0, 199), st.integers(0, 199), st.integers(0, 2**32)), max_size=20
+    ),
+)
+def test_the_bits_of_rows_as_made_are_set_and_cleared_slot_by_slot_and_by_range(tmp_path_factory, size, ops):
+    # A bit a cold slot: marked for some slots (set where made, cleared elsewhere), or
+    # cleared over a range (a bulk load's: whole bytes at once, its ends bit by bit), each
+    # against a list of booleans.
+    cold = store(tmp_path_factory.mktemp("bits"))
+    cold._room_for(size)
+    model = np.zeros(size, bool)
+    for by_slot, a, b, seed in ops:
+        lo, hi = sorted((a % (size + 1), b % (size + 1)))
+        if by_slot:
+            rng = np.random.default_rng(seed)
+            slots = rng.permutation(size)[: hi - lo].astype(np.int64)
+            made = rng.random(slots.size) < 0.5
+            cold._mark_made(slots, made)
+            model[slots] = made
+        else:
+            cold._clear_made(lo, hi)
+            model[lo:hi] = False
+        assert cold.made_at(np.arange(size)).tolist() == model.tolist()

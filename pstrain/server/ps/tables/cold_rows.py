@@ -293,7 +293,6 @@ class ColdRows:
                 if block.size != block_places.size:
                     raise InvalidArgumentError(f"a bulk load into {self.directory}: more places than ids")
                 self.places[at : at + block.size] = block_places
-                self._mark_made(np.arange(at, at + block.size, dtype=np.int64), None)
                 self.index.insert(block, np.arange(at, at + block.size, dtype=np.int64))
                 at += block.size
                 done += block.size
@@ -303,6 +302,7 @@ class ColdRows:
                 )
         self.epochs[first:at] = 0
         self.keys[first:at] = np.clip(-self.key_base, 0, KEY_TOP)
+        self._clear_made(first, at)
         self.rows_written += n
 
     def write(
@@ -418,6 +418,17 @@ class ColdRows:
         np.bitwise_and.at(self.as_made, byte, ~bit)
         if made is not None and made.any():
             np.bitwise_or.at(self.as_made, byte[made], bit[made])
+
+    def _clear_made(self, lo: int, hi: int) -> None:
+        """:attr:`as_made`'s bits of slots ``lo`` to ``hi`` cleared: the whole bytes at once,
+        the slots at either end one by one (a bulk load's tens of millions)."""
+        whole_lo, whole_hi = -(-lo // 8), hi // 8
+        if whole_lo >= whole_hi:
+            self._mark_made(np.arange(lo, hi, dtype=np.int64), None)
+            return
+        self.as_made[whole_lo:whole_hi] = 0
+        ends = np.concatenate([np.arange(lo, whole_lo * 8), np.arange(whole_hi * 8, hi)]).astype(np.int64)
+        self._mark_made(ends, None)
 
     def made_at(self, slots: np.ndarray) -> np.ndarray:
         """Which of cold ``slots`` (in use) hold records of rows as the table made them
