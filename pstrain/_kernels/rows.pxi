@@ -366,3 +366,24 @@ def decode_places(const uint32_t[::1] codes, int bits, const int64_t[::1] number
     if bad:
         raise IndexError("decode_places: a code whose handle was never given")
     return out
+
+
+def mark_bits(uint8_t[::1] bits, const int64_t[::1] slots, const uint8_t[::1] on):
+    """Bit ``slots[i]`` of ``bits`` (bit ``s % 8`` of byte ``s // 8``: a tier's bit a cold
+    slot) set where ``on[i]``, cleared elsewhere (everywhere if ``on`` is empty); ``slots``
+    unique. A slot past the bits is refused before any is written."""
+    cdef Py_ssize_t i, n = slots.shape[0], size = bits.shape[0]
+    cdef bint setting = on.shape[0] != 0
+    cdef int64_t s
+    if setting and on.shape[0] != n:
+        raise ValueError(f"mark_bits: {n} slots but {on.shape[0]} answers")
+    for i in range(n):
+        if slots[i] < 0 or (slots[i] >> 3) >= size:
+            raise IndexError("mark_bits: a slot past the bits")
+    with nogil:
+        for i in range(n):
+            s = slots[i]
+            if setting and on[i]:
+                bits[s >> 3] |= <uint8_t>(1 << (s & 7))
+            else:
+                bits[s >> 3] &= <uint8_t>~(1 << (s & 7))

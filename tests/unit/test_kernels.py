@@ -1204,3 +1204,26 @@ def test_a_tiers_places_read_back_the_same_compiled_and_in_numpy_and_as_the_tier
                 k.decode_places(bad, bits, numbers, firsts)
         with pytest.raises(ValueError, match="bits"):
             k.decode_places(codes, 32, numbers, firsts)
+
+
+@settings(max_examples=100, deadline=None)
+@given(size=st.integers(1, 64), data=st.data())
+def test_bits_of_slots_are_set_and_cleared_alike_compiled_and_in_numpy(size, data):
+    """``mark_bits``: bit ``s % 8`` of byte ``s // 8`` set where asked, cleared elsewhere (all
+    cleared with no answers), other bits untouched; the same compiled and in numpy. A slot
+    past the bits is refused, nothing written."""
+    start = np.frombuffer(data.draw(st.binary(min_size=size, max_size=size)), np.uint8)
+    picks = st.lists(st.integers(0, 8 * size - 1), unique=True, max_size=8 * size)
+    slots = np.array(data.draw(picks), np.int64)
+    on = np.array(data.draw(st.lists(st.booleans(), min_size=slots.size, max_size=slots.size)), np.uint8)
+    if data.draw(st.booleans()):
+        on = np.empty(0, np.uint8)
+    want = np.unpackbits(start, bitorder="little").astype(bool)
+    want[slots] = on.astype(bool) if on.size else False
+    for impl in (compiled, reference):
+        bits = start.copy()
+        impl.mark_bits(bits, slots, on)
+        assert np.unpackbits(bits, bitorder="little").astype(bool).tolist() == want.tolist()
+        with pytest.raises(IndexError, match="past the bits"):
+            impl.mark_bits(bits, np.array([0, 8 * size], np.int64), np.ones(2, np.uint8))
+        assert np.unpackbits(bits, bitorder="little").astype(bool).tolist() == want.tolist()

@@ -10,6 +10,7 @@ __all__ = [
     "decode_places",
     "gather_rows",
     "keep_changed",
+    "mark_bits",
     "pick_victims",
     "positions_checked",
     "put_rows",
@@ -164,3 +165,16 @@ def decode_places(codes: np.ndarray, bits: int, numbers: np.ndarray, firsts: np.
     records = firsts[handles] + (codes[used] & np.uint32((1 << bits) - 1)).astype(np.int64)
     out[used] = (numbers[handles] << 32) | records
     return out
+
+
+def mark_bits(bits: np.ndarray, slots: np.ndarray, on: np.ndarray) -> None:
+    n = slots.size
+    if on.size and on.size != n:
+        raise ValueError(f"mark_bits: {n} slots but {on.size} answers")
+    if n and (slots.min() < 0 or (slots.max() >> 3) >= bits.size):
+        raise IndexError("mark_bits: a slot past the bits")
+    byte, bit = slots >> 3, np.left_shift(1, slots & 7).astype(np.uint8)
+    np.bitwise_and.at(bits, byte, ~bit)
+    if on.size:
+        set_ = on.astype(bool)
+        np.bitwise_or.at(bits, byte[set_], bit[set_])

@@ -78,6 +78,9 @@ KEY_SPAN = 1 << 30
 LOAD_BLOCK = 1 << 14
 
 
+_NONE = np.empty(0, np.uint8)  # (:meth:`ColdRows._mark_made`: no bit set)
+
+
 def resize_rows(holder: dict[str, Any], key: str, rows: int) -> np.ndarray:
     """``holder[key]`` made ``rows`` rows long, the rows it keeps as they were and new ones
     0: in place where nothing else refers to it (realloc moves a large array's pages
@@ -412,12 +415,9 @@ class ColdRows:
 
     def _mark_made(self, slots: np.ndarray, made: np.ndarray | None) -> None:
         """:attr:`as_made`'s bits of ``slots`` set where ``made``, cleared elsewhere."""
-        if not slots.size:
-            return
-        byte, bit = slots >> 3, np.left_shift(1, slots & 7).astype(np.uint8)
-        np.bitwise_and.at(self.as_made, byte, ~bit)
-        if made is not None and made.any():
-            np.bitwise_or.at(self.as_made, byte[made], bit[made])
+        if slots.size:
+            on = _NONE if made is None else np.ascontiguousarray(made, bool).view(np.uint8)
+            self.kernels.mark_bits(self.as_made, np.ascontiguousarray(slots, np.int64), on)
 
     def _clear_made(self, lo: int, hi: int) -> None:
         """:attr:`as_made`'s bits of slots ``lo`` to ``hi`` cleared: the whole bytes at once,
