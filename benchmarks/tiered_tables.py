@@ -5,26 +5,27 @@ WORKLOADS.md's W9 is W7's fixed 25,000,000-row table; pstrain tiers dynamic tabl
 far (a fixed table stays in RAM), so this runs W6's training (W4's model, a
 ``DynamicEmbedding`` keyed by W6's Zipf ids over the 64-bit space, Adagrad, 2 ps and 2
 workers) on ps started with ``--memory-budget`` and ``--table-dir``, and the same on ps
-without. Reported (medians): examples per second and ``ratio_to_in_ram``; each ps's RSS
-sampled every 100 ms, its peak over the RSS it had before holding anything
-(``peak_rss_over_budget``: that peak / the budget; ``saves_peak_rss_over_budget`` and
-``restore_peak_rss_over_budget``: the same during the full saves and the restore); rows in
-RAM and on disk; the hit rate of lookups and the rows brought back to RAM per step (those
-made again, as the table made them, and those read from disk), over the timed steps (a
-fill's and the warm-up's left out); reads from disk and their p50/p99 latency; full saves
-of the table with its Adagrad accumulators (the table and the optimizer in the checkpoint),
-each against a plain sequential write of as many bytes to the same disk, alternated
-(``save_over_plain_write``: the median of three after the first; the first, which pays for
-what the ps and the coordinator set up once, is ``first_save_over_plain_write``); a restore
-of a base and ten deltas against a plain read of their files after it, both from disk and
-each after a read of the same files (``first_plain_read_s``, not compared: memory this VM
-has not used lately costs 3 to 8 ms a MB at first touch, and the one that reads first pays
-it) (``restore_over_plain_read``), and the hit rate of the ten steps after it
-(``hit_rate_after_restore``: the hot set the restore chose); then a full save of the
-restored table, which links the base's files its tier still reads rather than write their
-rows again (``save_after_restore_bytes``: what it wrote, links left out;
-``save_after_restore_over_plain_write``: a plain write of a full save's bytes, the median
-of those above, over its time); held-out log loss of both.
+without. Reported (medians): examples per second and ``ratio_to_in_ram``, and the CPU of
+all five processes a timed step in each half (``cpu_ms_per_step``,
+``in_ram_cpu_ms_per_step``); each ps's RSS sampled every 100 ms, its peak over the RSS it
+had before holding anything (``peak_rss_over_budget``: that peak / the budget;
+``saves_peak_rss_over_budget`` and ``restore_peak_rss_over_budget``: the same during the
+full saves and the restore); rows in RAM and on disk; the hit rate of lookups and the rows
+brought back to RAM per step (those made again, as the table made them, and those read from
+disk), over the timed steps (a fill's and the warm-up's left out); reads from disk and
+their p50/p99 latency; full saves of the table with its Adagrad accumulators (the table and
+the optimizer in the checkpoint), each against a plain sequential write of as many bytes to
+the same disk, alternated (``save_over_plain_write``: the median of three after the first;
+the first, which pays for what the ps and the coordinator set up once, is
+``first_save_over_plain_write``); a restore of a base and ten deltas against a plain read
+of their files after it, both from disk and each after a read of the same files
+(``first_plain_read_s``, not compared: memory this VM has not used lately costs 3 to 8 ms a
+MB at first touch, and the one that reads first pays it) (``restore_over_plain_read``), and
+the hit rate of the ten steps after it (``hit_rate_after_restore``: the hot set the restore
+chose); then a full save of the restored table, which links the base's files its tier still
+reads rather than write their rows again (``save_after_restore_bytes``: what it wrote,
+links left out; ``save_after_restore_over_plain_write``: a plain write of a full save's
+bytes, the median of those above, over its time); held-out log loss of both.
 
     python benchmarks/tiered_tables.py [--steps 1200] [--budget 80MiB] [--runs 3] [--inflight 2]
         [--eviction lru|lfu]
@@ -319,6 +320,10 @@ def main() -> None:
             "metric": "examples_per_s",
             "value": round(speed, 1),
             "in_ram_examples_per_s": round(in_ram, 1),
+            # CPU of all five processes a timed step (medians): where the ratio of examples/s
+            # and that of CPU part, the tiered half waited rather than worked
+            "cpu_ms_per_step": round(median([r["cpu_ms_per_step"] for r in tiered]), 2),
+            "in_ram_cpu_ms_per_step": round(median([r["cpu_ms_per_step"] for r in ram]), 2),
             "ratio_to_in_ram": round(speed / in_ram, 3),
             "ratio_to_in_ram_each_round": [
                 round(t["examples_per_s"] / r["examples_per_s"], 3) for t, r in zip(tiered, ram)
