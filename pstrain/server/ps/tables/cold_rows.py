@@ -525,6 +525,15 @@ class ColdRows:
         return self.ids_of(picked)
 
     # -- reading ------------------------------------------------------------------------------------
+    def records(self, n: int, slot_init: dict[str, float]) -> dict[str, np.ndarray]:
+        """Room for ``n`` records as :meth:`read` gives them (not filled)."""
+        return {
+            "ids": np.empty(n, np.int64),
+            "meta": np.empty(n, META),
+            "rows": np.empty((n, self.dim), self.dtype),
+            **{f"slot:{k}": np.empty((n, self.dim), self.dtype) for k in slot_init},
+        }
+
     def read(self, places: np.ndarray, slot_init: dict[str, float]) -> dict[str, np.ndarray]:
         """The records at ``places`` (any order): ``ids``, ``meta``, ``rows`` and
         ``slot:<k>`` for each slot of ``slot_init`` (its initial value where a segment does
@@ -533,12 +542,7 @@ class ColdRows:
         n = places.size
         self.reads += 1
         self.rows_read += n
-        out: dict[str, np.ndarray] = {
-            "ids": np.empty(n, np.int64),
-            "meta": np.empty(n, META),
-            "rows": np.empty((n, self.dim), self.dtype),
-            **{f"slot:{k}": np.empty((n, self.dim), self.dtype) for k in slot_init},
-        }
+        out = self.records(n, slot_init)
         order = np.argsort(places, kind="stable")
         sorted_places = places[order]
         at = 0

@@ -326,10 +326,20 @@ class DynamicTable(SlicedRows, Admission):
         RAM has none."""
         return []
 
+    @property
+    def initial_formula(self) -> tuple[int, int, int, float, float]:
+        """What the table kernels take of a new row's initial values (:func:`row_hash`'s
+        constants of the table's seed, and the range)."""
+        cfg = self.config
+        return (*row_hash(cfg.seed), cfg.init_low, cfg.init_high)
+
+    def _slot_inits(self) -> tuple[tuple[np.ndarray, ...], tuple[float, ...]]:
+        """The optimizer slots' arrays and their initial values, in one order (the kernels')."""
+        return tuple(self.slots.values()), tuple(self.slot_init[k] for k in self.slots)
+
     def _create(self, new_ids: np.ndarray) -> np.ndarray:
         """Rows for ``new_ids`` (unique, absent), at their initial values: values, slots and
         bookkeeping written in one compiled pass."""
-        cfg = self.config
         rows = self._take_rows(new_ids.size)
         if self.saves:
             self._touch(rows)
@@ -337,8 +347,7 @@ class DynamicTable(SlicedRows, Admission):
             rows,
             new_ids,
             self.rows,
-            tuple(self.slots.values()),
-            tuple(self.slot_init[k] for k in self.slots),
+            *self._slot_inits(),
             self.ids,
             self.live.view(np.uint8),
             self.last_seen,
@@ -346,9 +355,7 @@ class DynamicTable(SlicedRows, Admission):
             self.epochs,
             self.lookups,
             self.clock.epoch,
-            *row_hash(cfg.seed),
-            cfg.init_low,
-            cfg.init_high,
+            *self.initial_formula,
         )
         self.index.insert(new_ids, rows)
         self.admitted += new_ids.size

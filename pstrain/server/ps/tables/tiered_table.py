@@ -46,7 +46,6 @@ import numpy as np
 
 from ...._base.errors import InvalidArgumentError, ResourceExhaustedError
 from ...._formats.files.direct_writes import ALIGN, CHUNK
-from ...._formats.numerics.idhash import row_hash
 from ..checkpoints.snapshots import Snapshot
 from ..store import ChangeClock
 from .cold_places import MaskedPlaces
@@ -517,19 +516,8 @@ class TieredTable(TieredSlices, DynamicTable):
         if not self.by_age or not rows.size:
             return None
         made = np.empty(rows.size, np.uint8)
-        cfg = self.config
-        self.kernels.as_created(
-            rows,
-            ids,
-            self.rows,
-            tuple(self.slots.values()),
-            tuple(self.slot_init[k] for k in self.slots),
-            self.freq,
-            *row_hash(cfg.seed),
-            cfg.init_low,
-            cfg.init_high,
-            made,
-        )
+        slots, inits = self._slot_inits()
+        self.kernels.as_created(rows, ids, self.rows, slots, inits, self.freq, *self.initial_formula, made)
         return made.view(bool)
 
     # -- RAM given to the index of the rows on disk -------------------------------------------------
@@ -658,19 +646,14 @@ class TieredTable(TieredSlices, DynamicTable):
         read (:meth:`_as_made`)."""
         if made is None or ids is None or not made.any():
             return self._timed_read(places)
-        n, slot_init, cfg = places.size, dict(self.slot_init), self.config
-        got: dict[str, np.ndarray] = {
-            "ids": np.empty(n, np.int64),
-            "meta": np.empty(n, META),
-            "rows": np.empty((n, cfg.dim), self.dtype),
-            **{f"slot:{k}": np.empty((n, cfg.dim), self.dtype) for k in slot_init},
-        }
+        slot_init = dict(self.slot_init)
+        got = self.cold.records(places.size, slot_init)
         if not made.all():
             for k, v in self._timed_read(places[~made]).items():
                 got[k][~made] = v
-        rows = np.empty((int(np.count_nonzero(made)), cfg.dim), self.dtype)
+        rows = np.empty((int(np.count_nonzero(made)), self.config.dim), self.dtype)
         made_ids = np.ascontiguousarray(ids[made], np.int64)
-        self.kernels.initial_rows(made_ids, *row_hash(cfg.seed), cfg.init_low, cfg.init_high, rows)
+        self.kernels.initial_rows(made_ids, *self.initial_formula, rows)
         got["ids"][made], got["rows"][made] = made_ids, rows
         got["meta"][made] = np.zeros(1, META)  # (a count of 0; the rest is the index's: promote)
         for k, init in slot_init.items():
