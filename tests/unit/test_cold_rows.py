@@ -40,8 +40,8 @@ def put(cold: ColdRows, ids: np.ndarray, keys: np.ndarray | None = None) -> None
 def test_what_a_put_will_take_is_what_it_takes_and_every_row_reads_back(tmp_path_factory, steps):
     """However rows come and go, the RAM a put of ``n`` rows is reckoned to take at most
     (``nbytes_with``: what the budget checks first) is at least what it leaves, and every row on
-    disk reads back as written; slots given up are taken again once there are enough of
-    them, before new ones are added. while as many are unused."""
+    disk reads back as written; slots given up are taken again before new ones are added:
+    those listed as given up lately, and the others once they are 1 in 16 of the slots."""
     cold = store(tmp_path_factory.mktemp("cold"))
     held: set[int] = set()
     next_id = 0
@@ -50,11 +50,14 @@ def test_what_a_put_will_take_is_what_it_takes_and_every_row_reads_back(tmp_path
         if add or not held:
             ids = np.arange(next_id, next_id + n, dtype=np.int64)
             next_id += n
-            expected, free, used = cold.nbytes_with(n), cold.nfree, cold.used
+            expected, free, listed, used = cold.nbytes_with(n), cold.nfree, cold.nfreed, cold.used
             put(cold, ids)
             assert cold.nbytes <= expected
-            if free >= n or free * 16 >= used:  # enough given up: taken again first
-                assert cold.nfree == free - min(n, free) and cold.used == used + n - min(n, free)
+            # the slots listed first; the others once they are 1 in 16 of the slots
+            reused = min(n, listed)
+            if (free - listed) * 16 >= used:
+                reused += min(n - reused, free - listed)
+            assert cold.nfree == free - reused and cold.used == used + n - reused
             held.update(ids.tolist())
         else:
             gone = rng.choice(np.array(sorted(held), np.int64), min(n, len(held)), replace=False)
@@ -68,6 +71,42 @@ def test_what_a_put_will_take_is_what_it_takes_and_every_row_reads_back(tmp_path
     got = cold.read(cold.places[slots], {})
     np.testing.assert_array_equal(got["ids"], ids)
     np.testing.assert_array_equal(got["rows"][:, 1], -ids.astype(np.float32))
+
+
+def test_slots_given_up_a_request_at_a_time_are_taken_again_from_a_list_without_a_scan(tmp_path):
+    """A promotion gives up a few slots among many, and the rows it moves out take as many
+    again: they take those very slots, from the list of slots given up lately, with no scan
+    for slots not in use (which crossed most of a tier's slots to find a few thousand among
+    millions). Past what the list holds, the rest are found by a scan, and no slot is given
+    twice."""
+    cold = store(tmp_path, segment_rows=1 << 12)
+    rng = np.random.default_rng(0)
+    held = np.arange(20_000, dtype=np.int64)
+    put(cold, held)
+    used, next_id = cold.used, held.size
+    for _ in range(20):
+        gone = rng.choice(held, 50, replace=False)
+        given_up = cold.find(gone)
+        cold.remove(gone)
+        new = np.arange(next_id, next_id + 50, dtype=np.int64)
+        next_id += new.size
+        put(cold, new)
+        np.testing.assert_array_equal(np.sort(cold.find(new)), np.sort(given_up))
+        held = np.concatenate([np.setdiff1d(held, gone), new])
+    assert cold.cursor == 0 and cold.used == used  # no scan, and no slot added
+
+    gone = rng.choice(held, 3_000, replace=False)  # more than the list holds
+    cold.remove(gone)
+    assert 0 < cold.nfreed < gone.size
+    new = np.arange(next_id, next_id + 2_000, dtype=np.int64)
+    put(cold, new)
+    held = np.concatenate([np.setdiff1d(held, gone), new])
+    slots = cold.find(held)
+    assert cold.used == used and cold.nfree == 1_000
+    assert (slots >= 0).all() and np.unique(slots).size == held.size
+    got = cold.read(cold.places[slots], {})
+    np.testing.assert_array_equal(got["ids"], held)
+    np.testing.assert_array_equal(got["rows"][:, 1], -held.astype(np.float32))
 
 
 def test_a_place_is_never_given_twice_so_a_read_from_before_is_told_stale(tmp_path):

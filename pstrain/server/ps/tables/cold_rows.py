@@ -67,6 +67,19 @@ MAX_SLOTS = (1 << 32) - 1
 REUSE = 16
 #: Slots a scan for slots not in use reads at least at a time.
 SCAN_SLOTS = 1 << 14
+#: Slots given up lately that a tier keeps a list of, at most (4 bytes each, and at most one
+#: for ``REUSE`` of its slots: 1 MB for millions), so that the rows moved out take the slots
+#: that rows put back in RAM gave up without a scan: in a tier that trains, slots are given
+#: up and taken again a request at a time, a few thousand among millions, which a scan
+#: finds only by crossing most of the slots.
+FREED_KEPT = 1 << 18
+
+
+def _freed_kept(slots: int) -> int:
+    """How many slots given up a tier of ``slots`` per-slot entries lists (:data:`FREED_KEPT`)."""
+    return min(FREED_KEPT, slots // REUSE)
+
+
 #: The largest eviction key held (past ``key_base``), and how far below the newest key
 #: the base moves when one passes it (a row not looked up for a billion lookups orders
 #: as that old: ``max_age`` evicts it long before).
@@ -146,9 +159,14 @@ class ColdRows:
         #: a bulk load's, kept with compaction's (which copies a record whole): a slot that
         #: still holds the place read with its bit (:meth:`current`) holds that record.
         self.as_made = np.zeros(0, np.uint8)
-        #: Slots not in use below ``used`` (reused once they are ``REUSE`` of them: found
-        #: by a scan from ``cursor``, not kept in a list of their own, 4 bytes a slot).
+        #: Slots not in use below ``used``: the last ``nfreed`` given up, at most
+        #: ``FREED_KEPT``, listed in ``freed`` and taken first (newest first); the others
+        #: found by a scan from ``cursor`` once they are ``REUSE`` of the slots (a few
+        #: slots apart; 4 bytes a slot to list them all). A scan runs only once ``freed``
+        #: is empty, so every slot listed is not in use, and listed once.
         self.nfree = self.used = self.cursor = 0
+        self.freed = np.empty(0, np.uint32)  # (grown with the per-slot arrays)
+        self.nfreed = 0
         self.saves = 0  # saves reading now: no segment is deleted meanwhile
         self.reading = 0  # reads on threads now: no segment is deleted meanwhile
         self._read_waiters: list[asyncio.Future[None]] = []  # (reads_ended)
@@ -170,6 +188,7 @@ class ColdRows:
             + self.epochs.nbytes
             + self.keys.nbytes
             + self.as_made.nbytes
+            + self.freed.nbytes
         )
 
     #: Bytes per cold slot of the arrays besides the index: place (:class:`Places`), epoch,
@@ -193,12 +212,14 @@ class ColdRows:
     def _slots_bytes(self, more: int, freed: int = 0) -> int:
         """The per-slot arrays' bytes once ``more`` rows more are here, grown as :meth:`put`
         grows them, ``freed`` slots given up first."""
-        need = self.used + more - self._reused(more, self.nfree + freed)
+        listed = min(self.nfreed + freed, self.freed.size)  # (as :meth:`remove` lists them)
+        need = self.used + more - self._reused(more, self.nfree + freed, listed)
         size = self.places.size
         if need > size:
             size = _grown(size, need)
         segments = -(-more // self.segment_rows) + 1  # (each a handle, 16 bytes: Places)
-        return size * self.SLOT_BYTES + -(-size // 8) + self.places.handle_bytes(segments)
+        freed = 4 * _freed_kept(size)
+        return size * self.SLOT_BYTES + -(-size // 8) + self.places.handle_bytes(segments) + freed
 
     @property
     def segments(self) -> dict[int, Segment]:
@@ -284,7 +305,7 @@ class ColdRows:
         n = sum(ids.size for ids, _ in parts)
         if not n:
             return
-        assert not self.nfree, "a bulk load into a tier with slots given up"
+        assert not self.nfree and not self.nfreed, "a bulk load into a tier with slots given up"
         self.index.reserve_for(*(ids for ids, _ in parts))
         first = at = self.used
         self._room_for(n)
@@ -339,19 +360,26 @@ class ColdRows:
         read them), ``WRITE_ROWS`` at a time."""
         return self.files.append(records.size, slots, lambda part: records[part])
 
-    def _reused(self, n: int, nfree: int | None = None) -> int:
-        """How many of ``n`` slots a put takes from those not in use (``nfree`` of them;
-        :attr:`nfree` if None): none until they are ``REUSE`` of the slots (or enough for
-        all ``n``), so that a scan finds them a few slots apart at most."""
+    def _reused(self, n: int, nfree: int | None = None, nfreed: int | None = None) -> int:
+        """How many of ``n`` slots a put takes from those not in use (``nfree`` of them,
+        ``nfreed`` of those listed; :attr:`nfree` and :attr:`nfreed` if None): the listed
+        ones, then, once those not listed are ``REUSE`` of the slots, as many of them (a
+        scan finds them a few slots apart at most: one for a few slots among millions
+        crossed most of them)."""
         nfree = self.nfree if nfree is None else nfree
-        return min(n, nfree) if nfree >= n or nfree * REUSE >= self.used else 0
+        nfreed = self.nfreed if nfreed is None else nfreed
+        listed, unlisted = min(n, nfreed), nfree - nfreed
+        return listed + (min(n - listed, unlisted) if unlisted * REUSE >= self.used else 0)
 
     def _take_slots(self, n: int) -> np.ndarray:
         reuse = self._reused(n)
-        taken = self._free_slots(reuse)
-        self.nfree -= reuse
         fresh = n - reuse
-        self._room_for(fresh)
+        self._room_for(fresh)  # (may refuse: nothing taken yet)
+        listed = min(reuse, self.nfreed)  # the newest given up first, then a scan for the rest
+        self.nfreed -= listed
+        kept = self.freed[self.nfreed : self.nfreed + listed].astype(np.int64)
+        taken = np.concatenate([kept, self._free_slots(reuse - listed, kept)])
+        self.nfree -= reuse
         out = np.concatenate([taken, np.arange(self.used, self.used + fresh, dtype=np.int64)])
         self.used += fresh
         return out
@@ -369,10 +397,12 @@ class ColdRows:
             for name in ("epochs", "keys"):
                 resize_rows(self.__dict__, name, size)
             resize_rows(self.__dict__, "as_made", -(-size // 8))  # (the new bits 0)
+            resize_rows(self.__dict__, "freed", _freed_kept(size))  # (those listed kept)
             self.places.codes[old:] = Places.FREE
 
-    def _free_slots(self, n: int) -> np.ndarray:
-        """``n`` slots not in use (there are as many), scanned for from ``cursor`` on, round."""
+    def _free_slots(self, n: int, taken: np.ndarray | None = None) -> np.ndarray:
+        """``n`` slots not in use (there are as many) besides ``taken`` (slots not in use
+        already taken from :attr:`freed`), scanned for from ``cursor`` on, round."""
         if not n:
             return np.empty(0, np.int64)
         parts, found, at, scanned = [], 0, self.cursor, 0
@@ -380,7 +410,11 @@ class ColdRows:
             if at >= self.used:
                 at = 0
             hi = min(self.used, at + max(SCAN_SLOTS, 2 * REUSE * (n - found)))
-            part = self.places.free_in(at, hi)[: n - found]
+            part = self.places.free_in(at, hi)
+            if taken is not None and taken.size:  # (those of ``taken`` are among the first)
+                part = part[: n - found + taken.size]
+                part = part[~np.isin(part, taken)]
+            part = part[: n - found]
             parts.append(part)
             found += part.size
             scanned += hi - at
@@ -467,6 +501,9 @@ class ColdRows:
         places = self.places[gone]
         self.places.codes[gone] = Places.FREE
         self.nfree += gone.size
+        listed = min(gone.size, self.freed.size - self.nfreed)  # (the others found by a scan)
+        self.freed[self.nfreed : self.nfreed + listed] = gone[:listed]
+        self.nfreed += listed
         self.files.died(places)
         self.collect()
         return cold
