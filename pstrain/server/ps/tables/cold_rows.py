@@ -218,8 +218,8 @@ class ColdRows:
         if need > size:
             size = _grown(size, need)
         segments = -(-more // self.segment_rows) + 1  # (each a handle, 16 bytes: Places)
-        freed = 4 * _freed_kept(size)
-        return size * self.SLOT_BYTES + -(-size // 8) + self.places.handle_bytes(segments) + freed
+        listing = 4 * _freed_kept(size)  # (:attr:`freed`, grown with the slots)
+        return size * self.SLOT_BYTES + -(-size // 8) + self.places.handle_bytes(segments) + listing
 
     @property
     def segments(self) -> dict[int, Segment]:
@@ -411,7 +411,7 @@ class ColdRows:
                 at = 0
             hi = min(self.used, at + max(SCAN_SLOTS, 2 * REUSE * (n - found)))
             part = self.places.free_in(at, hi)
-            if taken is not None and taken.size:  # (those of ``taken`` are among the first)
+            if taken is not None and taken.size:  # (at most all of ``taken`` left out)
                 part = part[: n - found + taken.size]
                 part = part[~np.isin(part, taken)]
             part = part[: n - found]
