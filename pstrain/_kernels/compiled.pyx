@@ -18,7 +18,7 @@ import numpy as np
 from libc.math cimport sqrt, sqrtf
 from libc.stdint cimport INT64_MAX, int32_t, int64_t, uint8_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport free, malloc, realloc
-from libc.string cimport memcmp, memcpy
+from libc.string cimport memcmp, memcpy, memset
 
 cdef extern from *:
     void __builtin_prefetch(const void*) nogil

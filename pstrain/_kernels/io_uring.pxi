@@ -27,7 +27,11 @@ cdef extern from *:
     #include <pthread.h>
     #include <sys/mman.h>
     #include <sys/syscall.h>
+    #include <sys/uio.h>
     #include <unistd.h>
+    #ifndef RWF_NOWAIT
+    #define RWF_NOWAIT 0x00000008
+    #endif
     #if defined(__linux__) && __has_include(<linux/io_uring.h>) && defined(__NR_io_uring_setup)
     #include <linux/io_uring.h>
     #endif
@@ -156,9 +160,13 @@ cdef extern from *:
        byte ``offset``, into ``out`` (``n`` rows of ``width``): a read per run of neighbouring
        records, up to PST_RING_ENTRIES of them in flight. Returns 0, an errno, -1 for a short
        read (the file holds fewer records), or -2: no ring here (nothing was read). Every
-       read submitted has completed when it returns, whatever it returns. */
+       read submitted has completed when it returns, whatever it returns. With ``missed``
+       (a byte a record), only what the page cache holds is read (RWF_NOWAIT: the kernel
+       fails a read that would wait for the disk rather than hand it to its workers): the
+       records of a run not read whole are marked there, and no read's failure is an error
+       (a blocking read of those records reports it). */
     static int pst_uring_records(int fd, const int64_t *records, Py_ssize_t n, Py_ssize_t width,
-                                 uint8_t *out, int64_t offset) {
+                                 uint8_t *out, int64_t offset, uint8_t *missed) {
         pst_ring *r = pst_ring_get();
         Py_ssize_t i = 0, j, in_flight = 0;
         int err = 0;
@@ -179,6 +187,7 @@ cdef extern from *:
                 sqe->addr = (uint64_t)(uintptr_t)(out + i * width);
                 sqe->len = (uint32_t)((j - i) * width);
                 sqe->off = (uint64_t)(offset + records[i] * width);
+                sqe->rw_flags = missed != NULL ? RWF_NOWAIT : 0;
                 sqe->user_data = ((uint64_t)i << 24) | (uint64_t)(j - i);
                 r->sq_array[k] = k;
                 queued++;
@@ -215,6 +224,10 @@ cdef extern from *:
                     head++;
                     in_flight--;
                     if (err) continue;
+                    if (missed != NULL) {  /* not all of it in the page cache: read it blocking later */
+                        if (res < 0 || (size_t)res < want) memset(missed + first, 1, (size_t)count);
+                        continue;
+                    }
                     if (res < 0) err = -res;
                     else if ((size_t)res < want)
                         err = pst_finish_read(fd, (char *)(out + first * width) + res, want - (size_t)res,
@@ -228,10 +241,40 @@ cdef extern from *:
     #else
     static volatile int pst_uring_state = -1;
     static int pst_uring_records(int fd, const int64_t *records, Py_ssize_t n, Py_ssize_t width,
-                                 uint8_t *out, int64_t offset) { return -2; }
+                                 uint8_t *out, int64_t offset, uint8_t *missed) { return -2; }
     #endif
+
+    /* :func:`pread_records` of what the page cache holds (``missed`` marks the rest): through
+       the ring if ``uring`` and there is one, else a ``preadv2`` with RWF_NOWAIT a run (a
+       kernel or file system without it: every record missed). */
+    static void pst_cached_records(int fd, const int64_t *records, Py_ssize_t n, Py_ssize_t width,
+                                   uint8_t *out, int64_t offset, uint8_t *missed, int uring) {
+        Py_ssize_t i = 0, j;
+        if (uring) {
+            int err = pst_uring_records(fd, records, n, width, out, offset, missed);
+            if (err == 0) return;
+            if (err != -2 && err != EAGAIN && err != EBUSY) {  /* the ring refused: all of it later */
+                memset(missed, 1, (size_t)n);
+                return;
+            }
+        }
+        while (i < n) {
+            struct iovec v;
+            ssize_t got;
+            j = i + 1;
+            while (j < n && records[j] == records[j - 1] + 1) j++;
+            v.iov_base = out + i * width;
+            v.iov_len = (size_t)((j - i) * width);
+            do {
+                got = preadv2(fd, &v, 1, offset + records[i] * width, RWF_NOWAIT);
+            } while (got < 0 && errno == EINTR);
+            if (got < 0 || (size_t)got < v.iov_len) memset(missed + i, 1, (size_t)(j - i));
+            i = j;
+        }
+    }
     """
-    int pst_uring_records(int fd, const int64_t* records, Py_ssize_t n, Py_ssize_t width, uint8_t* out, int64_t offset) nogil
+    int pst_uring_records(int fd, const int64_t* records, Py_ssize_t n, Py_ssize_t width, uint8_t* out, int64_t offset, uint8_t* missed) nogil
+    void pst_cached_records(int fd, const int64_t* records, Py_ssize_t n, Py_ssize_t width, uint8_t* out, int64_t offset, uint8_t* missed, int uring) nogil
     int pst_uring_state
 
 import os as _os
@@ -248,6 +291,41 @@ def io_uring_reads():
     if not _URING or pst_uring_state < 0:
         return False
     return True if pst_uring_state > 0 else None
+
+
+def cached_records(
+    int fd,
+    const int64_t[::1] records,
+    Py_ssize_t width,
+    uint8_t[:, ::1] out,
+    uint8_t[::1] missed,
+    int64_t offset=0,
+    bint uring=True,
+):
+    """:func:`pread_records` of the records the page cache holds, never waiting for the
+    disk (RWF_NOWAIT; through io_uring where there is a ring and ``uring``, else by
+    ``preadv2``): a run of neighbouring records not read whole has each of its records
+    marked 1 in ``missed`` (which is set for every record first), and its rows of ``out``
+    are not to be used (a read that stopped short filled some). What a tiered table reads
+    on its serving loop before it hands
+    the rest to a thread. Returns how many records were read; a failed read is only
+    missed (the blocking read of those records reports it)."""
+    cdef Py_ssize_t n = records.shape[0], k, read = 0
+    cdef int use_ring = 1 if (uring and _URING) else 0
+    if out.shape[0] < n or out.shape[1] != width:
+        raise ValueError("cached_records: out must be (records, width)")
+    if missed.shape[0] < n:
+        raise ValueError("cached_records: missed must hold a byte a record")
+    if offset < 0:
+        raise ValueError("cached_records: offset must be at least 0")
+    if n == 0:
+        return 0
+    with nogil:
+        memset(&missed[0], 0, n)
+        pst_cached_records(fd, &records[0], n, width, &out[0, 0], offset, &missed[0], use_ring)
+        for k in range(n):
+            read += missed[k] == 0
+    return read
 
 
 def pread_records(
@@ -281,7 +359,7 @@ def pread_records(
         return 0
     if uring and _URING:
         with nogil:
-            err = pst_uring_records(fd, &records[0], n, width, &out[0, 0], offset)
+            err = pst_uring_records(fd, &records[0], n, width, &out[0, 0], offset, NULL)
         if err != -2 and err != EAGAIN and err != EBUSY:
             return err
         err = 0  # no ring here, or one the kernel had no memory for: the same reads by pread

@@ -67,6 +67,8 @@ TIERED_STATISTICS = (
     "demoted",
     "compacted",
     "cold_reads",
+    "cold_rows_read",
+    "cold_rows_from_page_cache",
     "refused",
     "sightings_shed",
 )

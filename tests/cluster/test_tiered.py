@@ -103,7 +103,7 @@ async def test_a_tiered_table_trains_as_one_in_ram_saves_both_tiers_and_restores
             assert ps.table_handlers.held() <= BUDGET
             shard = ps.tables["emb"]
             assert shard.cold.disk_bytes() > 0 and os.listdir(shard.cold.directory)
-            assert shard.loop_reads == 0  # every read from disk ran on a thread, before its handler
+            assert shard.loop_reads == 0  # every read from disk ran in a stage, before its handler
         got_ids, got_rows = await table.export()
         np.testing.assert_array_equal(got_ids, want_ids)
         np.testing.assert_array_equal(got_rows, want_rows)  # bit for bit
@@ -174,6 +174,46 @@ def _tiers(cluster: InProcessCluster, ids: np.ndarray) -> tuple[np.ndarray, np.n
 def _placement(cluster: InProcessCluster) -> list[dict[str, int]]:
     keys = ("rows", "hot_rows", "cold_rows", "promoted", "demoted", "looked_up")
     return [{k: ps.tables["emb"].statistics()[k] for k in keys} for ps in cluster.ps]
+
+
+async def test_rows_back_from_the_page_cache_are_read_on_the_loop_and_the_others_on_a_thread(
+    tmp_path, monkeypatch
+):
+    """A stage reads the records of rows coming back from disk that the page cache holds on
+    the serving loop, and hands the others to a thread (here a page cache that holds two
+    records in three of each read: the third comes back marked and garbled, as a read that
+    stopped short leaves it); a read past ``LOOP_READ_BYTES`` goes to a thread whole. The
+    table trains bit for bit as one in RAM either way, and counts the rows read on the loop."""
+    batches = _batches()
+    cached_records = KERNELS.cached_records
+
+    def some_cached(fd, records, width, out, missed, *args):
+        cached_records(fd, records, width, out, missed, *args)
+        missed[: records.size : 3] = 1
+        out[: records.size : 3] = 0xFF
+        return int(records.size - np.count_nonzero(missed[: records.size]))
+
+    async with InProcessCluster(num_ps=2, num_workers=1, token=TOKEN) as ram:
+        table, _ = await _train(ram, batches + batches[:4])
+        want_ids, want_rows = await table.export()
+    monkeypatch.setattr(KERNELS, "cached_records", some_cached)
+    async with _tiered(tmp_path) as cluster:
+        strategy, table, opt = await _trained(cluster, batches)
+        stats = await table.statistics()
+        assert stats["promoted"] > stats["made_back"], stats  # rows read back from disk
+        on_loop, read = stats["cold_rows_from_page_cache"], stats["cold_rows_read"]
+        assert 0 < on_loop < read, stats  # some on the loop, the third of each read on a thread
+        monkeypatch.setattr(table_handlers, "LOOP_READ_BYTES", 0)  # every read on a thread, whole
+        with strategy.scope():
+            for ids in batches[:4]:
+                rows = await table.lookup(ids)
+                grad = np.tanh(rows + np.sin(ids)[:, None]).astype(np.float32)
+                await opt.apply_gradients([(pstrain.IndexedSlices(grad, ids), table)])
+        stats = await table.statistics()
+        assert stats["cold_rows_read"] > read and stats["cold_rows_from_page_cache"] == on_loop, stats
+        got_ids, got_rows = await table.export()
+        np.testing.assert_array_equal(got_ids, want_ids)
+        np.testing.assert_array_equal(got_rows, want_rows)  # bit for bit
 
 
 async def test_a_lookup_that_does_not_train_reads_rows_on_disk_where_they_lie(tmp_path):

@@ -1013,6 +1013,56 @@ def test_records_read_from_a_file_are_the_same_compiled_and_in_numpy(tmp_path_fa
         os.close(fd)
 
 
+@pytest.mark.timeout(60)
+def test_records_the_page_cache_holds_are_read_and_the_others_marked_missed(tmp_path):
+    """``cached_records`` (what a tiered table's serving loop reads itself) reads the records
+    the page cache holds, as ``pread_records`` does, and never waits for the disk: a run it
+    cannot read whole (past the file's end here; not cached; a closed file) is marked in
+    ``missed`` (its rows are not the file's to use), and no error is raised. Compiled, through
+    io_uring and by ``preadv2``, and in numpy."""
+    width = 272
+    data, fd = _records_file(tmp_path, 3_000, width, 5)
+    ways = [
+        functools.partial(compiled.cached_records, uring=True),
+        functools.partial(compiled.cached_records, uring=False),
+        reference.cached_records,
+    ]
+    records = np.array([0, 1, 2, 40, 41, 1_000, 2_998, 2_999], np.int64)
+    try:
+        for read in ways:
+            out = np.zeros((records.size, width), np.uint8)
+            missed = np.ones(records.size, np.uint8)  # (set by each call, whatever it held)
+            assert read(fd, records, width, out, missed) == records.size  # just written: cached
+            assert not missed.any()
+            np.testing.assert_array_equal(out, data[records])
+            # runs past the file's end are missed, whole, and the others read
+            past = np.array([5, 2_999, 3_000, 3_001, 4_000], np.int64)
+            out = np.full((past.size, width), 7, np.uint8)
+            missed = np.zeros(past.size, np.uint8)
+            assert read(fd, past, width, out, missed) == 1
+            np.testing.assert_array_equal(missed, [0, 1, 1, 1, 1])  # 2,999 runs on past the end
+            np.testing.assert_array_equal(out[0], data[5])
+            with pytest.raises(ValueError, match="missed"):
+                read(fd, records, width, np.zeros((records.size, width), np.uint8), missed[:2])
+            with pytest.raises(ValueError, match="out"):
+                read(fd, records, width + 1, np.zeros((records.size, width), np.uint8), missed)
+        # dropped from the page cache: what is read is the file's
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        out = np.full((records.size, width), 7, np.uint8)
+        missed = np.zeros(records.size, np.uint8)
+        got = compiled.cached_records(fd, records, width, out, missed)
+        assert got == records.size - int(missed.sum())
+        read_here = missed == 0
+        np.testing.assert_array_equal(out[read_here], data[records[read_here]])
+    finally:
+        os.close(fd)
+    for read in ways:  # a closed file: every record missed, no error
+        missed = np.zeros(2, np.uint8)
+        assert read(fd, np.array([0, 9], np.int64), width, np.zeros((2, width), np.uint8), missed) == 0
+        assert missed.all()
+
+
 def _records_file(tmp_path, rows: int, width: int, seed: int) -> tuple[np.ndarray, int]:
     """A file of ``rows`` random records of ``width`` bytes, and a descriptor open on it."""
     data = np.random.default_rng(seed).integers(0, 256, (rows, width), dtype=np.uint8)

@@ -30,7 +30,7 @@ from .id_index import (
     mix64,
     same_ids,
 )
-from .io_uring import io_uring_reads, pread_records
+from .io_uring import cached_records, io_uring_reads, pread_records
 from .new_rows import as_created, create_rows, initial_rows
 from .optimizer_rows import adagrad_rows, rowwise_adagrad_rows, sgd_rows
 from .rows import (
@@ -55,6 +55,7 @@ __all__ = [
     "argsort_stable",
     "as_created",
     "bag_positions",
+    "cached_records",
     "compact_delete",
     "compact_get",
     "compact_insert",

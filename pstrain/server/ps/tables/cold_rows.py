@@ -26,8 +26,9 @@ or compacted until it ends (:meth:`begin_save`, :meth:`end_save`); the records t
 never change. Records a move wrote ahead of its switch (:attr:`ColdRows.pending`) keep
 segments from being compacted too.
 
-Reads (:meth:`read`) run on a thread, never on the serving loop; writes (:meth:`put`)
-append a batch of records in one write. A disk that fills raises
+Reads (:meth:`read`) run on a thread, or on the serving loop where they take only what the
+page cache holds (``missed``: a read that cannot wait for the disk, the rest left to a
+thread); writes (:meth:`put`) append a batch of records in one write. A disk that fills raises
 :class:`~pstrain.errors.ResourceExhaustedError` with nothing changed here.
 """
 
@@ -571,20 +572,23 @@ class ColdRows:
             **{f"slot:{k}": np.empty((n, self.dim), self.dtype) for k in slot_init},
         }
 
-    def read(self, places: np.ndarray, slot_init: dict[str, float]) -> dict[str, np.ndarray]:
+    def read(
+        self, places: np.ndarray, slot_init: dict[str, float], missed: np.ndarray | None = None
+    ) -> dict[str, np.ndarray]:
         """The records at ``places`` (any order): ``ids``, ``meta``, ``rows`` and
         ``slot:<k>`` for each slot of ``slot_init`` (its initial value where a segment does
         not carry it). Safe on a thread while the loop appends: records are never changed,
-        and no segment is deleted while ``reading``."""
+        and no segment is deleted while ``reading``. With ``missed`` (a bool a place), only
+        the records the page cache holds, never waiting for the disk (what the serving loop
+        reads itself): the others are marked True there, and their entries are not to be used."""
         n = places.size
-        self.reads += 1
-        self.rows_read += n
         out = self.records(n, slot_init)
         order = np.argsort(places, kind="stable")
         sorted_places = places[order]
+        skipped = None if missed is None else np.zeros(n, np.uint8)  # (in ``sorted_places``' order)
         at = 0
         while at < n:  # a block per run of segments whose records carry the same slots
-            got, slots = self._records_from(sorted_places[at:])
+            got, slots = self._records_from(sorted_places[at:], None if skipped is None else skipped[at:])
             dest = order[at : at + got.size]
             at += got.size
             out["ids"][dest] = got["id"]  # (each record's fields moved as one block: as_cells)
@@ -595,6 +599,12 @@ class ColdRows:
                     scatter_cells(out[f"slot:{k}"], dest, field_cells(got, f"slot{slots.index(k)}"))
                 else:
                     out[f"slot:{k}"][dest] = init
+        if missed is not None and skipped is not None:  # (a read if the page cache held any)
+            missed[order] = skipped.view(bool)
+            n -= int(np.count_nonzero(skipped))
+        if n or skipped is None:
+            self.reads += 1
+            self.rows_read += n
         return out
 
     def records_at(self, places: np.ndarray) -> tuple[np.ndarray, tuple[str, ...]] | None:
@@ -617,8 +627,11 @@ class ColdRows:
             self.rows_read += out.size
         return out, slots
 
-    def _records_from(self, places: np.ndarray) -> tuple[np.ndarray, tuple[str, ...]]:
-        """:meth:`records_from`, not counted as a read."""
+    def _records_from(
+        self, places: np.ndarray, missed: np.ndarray | None = None
+    ) -> tuple[np.ndarray, tuple[str, ...]]:
+        """:meth:`records_from`, not counted as a read (``missed``: only what the page cache
+        holds, as :meth:`SegmentFiles.gather` reads it)."""
         if not places.size:
             return np.empty(0, self.record(())), ()
         numbers = places >> PLACE_BITS
@@ -629,7 +642,13 @@ class ColdRows:
             runs += 1
         out = np.empty(starts[runs], self.record(slots))
         for a, b in zip(starts[:runs], starts[1 : runs + 1]):
-            self.files.gather(int(numbers[a]), places[a:b] & ((1 << PLACE_BITS) - 1), out.dtype, out[a:b])
+            self.files.gather(
+                int(numbers[a]),
+                places[a:b] & ((1 << PLACE_BITS) - 1),
+                out.dtype,
+                out[a:b],
+                None if missed is None else missed[a:b],
+            )
         return out, slots
 
     # -- saves ----------------------------------------------------------------------------------------

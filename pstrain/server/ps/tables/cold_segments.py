@@ -308,21 +308,35 @@ class SegmentFiles:
 
     # -- reading ----------------------------------------------------------------------------------
     def gather(
-        self, number: int, records: np.ndarray, record: np.dtype, out: np.ndarray | None = None
+        self,
+        number: int,
+        records: np.ndarray,
+        record: np.dtype,
+        out: np.ndarray | None = None,
+        missed: np.ndarray | None = None,
     ) -> np.ndarray:
         """Records ``records`` (ascending) of segment ``number`` (into ``out`` if given): a
         read per run of neighbouring records, many in flight through io_uring
         (``pread_records``), without the GIL (the serving loop goes on meanwhile). Read, not
         mapped: mapped pages of the page cache would count in the process's memory, large
-        folios of them at a time."""
+        folios of them at a time. With ``missed`` (a byte a record), only the records the
+        page cache holds, never waiting for the disk (``cached_records``: what the serving
+        loop reads itself); the others are marked there, their rows of ``out`` not to be used
+        (a linked checkpoint file's, read a column at a time, are all left to a thread)."""
         out = np.empty(records.size, record) if out is None else out
         if not records.size:
             return out
         seg = self.segments[number]
+        if missed is not None and seg.columns is not None:
+            missed[: records.size] = 1
+            return out
         path = self.file(seg)
         fd = os.open(path, os.O_RDONLY)
         try:
             raw = out.view(np.uint8).reshape(records.size, record.itemsize)
+            if missed is not None:
+                self.kernels.cached_records(fd, records, record.itemsize, raw, missed)
+                return out
             if seg.columns is None:
                 err = self.kernels.pread_records(fd, records, record.itemsize, raw)
             elif _stamp(os.fstat(fd)) != seg.stamp:

@@ -57,6 +57,10 @@ MAKE_ROOM_ROUNDS = 4
 #: ps's budget under 256 MiB (a read and the copies that write it again are a few times
 #: that, all outside the budget's arrays).
 COMPACT_BYTES = 4 << 20
+#: The most bytes of rows a request brings back from disk that the serving loop reads itself
+#: where the page cache holds them (:meth:`TableHandlers._read_cold`): about a millisecond
+#: of copying; a larger read goes to a thread whole, the loop serving meanwhile.
+LOOP_READ_BYTES = 4 << 20
 
 Q = TypeVar("Q")
 
@@ -341,9 +345,7 @@ class TableHandlers:
                 table.shrink_for_cold(new, ids.size, keep=ids)  # (none of ``ids`` moves)
             if cold_ids.size:  # (which need no read: taken with their places, on the loop)
                 reads.append((table, ids, cold_ids, slots, places, found, new, table.cold.made_at(slots)))
-        got = await self._read_on_thread(
-            [r[0] for r in reads], lambda: [r[0].read_cold(r[4], r[2], r[7]) for r in reads]
-        )
+        got = await self._read_cold(reads)
         for (table, ids, cold_ids, slots, places, found, new, _), records in zip(reads, got):
             if self.tables.get(table.name) is table:  # (not replaced meanwhile)
                 table.promote(cold_ids, slots, places, records, ids, found)
@@ -378,6 +380,41 @@ class TableHandlers:
             table = self.tables.get(name)
             if isinstance(table, TieredTable):
                 yield table, ids
+
+    async def _read_cold(self, reads: list[tuple[Any, ...]]) -> list[dict[str, np.ndarray]]:
+        """The records of :meth:`stage`'s ``reads``: on the loop, those the page cache holds
+        (a read that cannot wait for the disk: ``ColdRows.read``'s ``missed``), of reads of at
+        most ``LOOP_READ_BYTES``; the rest in one thread call, as every read went before. A
+        hop to a thread and back costs more than a few hundred records copied from the page
+        cache, and the request's reply waits for it."""
+        got: list[Any] = [None] * len(reads)
+        rest: list[tuple[int, np.ndarray | None]] = []  # (read, its places left: None, all)
+        for k, (table, _, cold_ids, _, places, _, _, made) in enumerate(reads):
+            if places.size * table.hot_row_bytes() > LOOP_READ_BYTES:
+                rest.append((k, None))
+                continue
+            missed = np.zeros(places.size, bool)
+            got[k] = table.read_cold(places, cold_ids, made, missed)
+            if missed.any():
+                rest.append((k, missed))
+        if rest:
+
+            def read() -> list[dict[str, np.ndarray]]:
+                return [
+                    reads[k][0].read_cold(reads[k][4], reads[k][2], reads[k][7])
+                    if left is None
+                    else reads[k][0].read_cold(reads[k][4][left])
+                    for k, left in rest
+                ]
+
+            more = await self._read_on_thread([reads[k][0] for k, _ in rest], read)
+            for (k, left), records in zip(rest, more):
+                if left is None:
+                    got[k] = records
+                else:
+                    for key, values in records.items():
+                        got[k][key][left] = values
+        return got
 
     @staticmethod
     async def _read_on_thread(tables: list[TieredTable], read: Callable[[], list[Any]]) -> list[Any]:

@@ -189,6 +189,9 @@ class TieredTable(TieredSlices, DynamicTable):
         self.hot_cap: int | None = None
         self.looked_up = 0  # ids of training lookups (the hit rate: 1 - promoted / looked_up)
         self.loop_reads = 0  # reads from disk on the serving loop (no stage before the handler)
+        #: Rows a stage read from the page cache on the serving loop, no thread (the rest of
+        #: ``cold.rows_read`` came on a thread)
+        self.rows_from_page_cache = 0
         self.compacting = False  # a segment's live rows being copied (``TableHandlers.compact``)
         self.compacted = 0  # rows copied out of half-dead segments
         self.cold_latency: list[float] = []  # seconds of each cold read (the last 1024)
@@ -637,20 +640,31 @@ class TieredTable(TieredSlices, DynamicTable):
         return cold, slots, self.cold.places[slots]
 
     def read_cold(
-        self, places: np.ndarray, ids: np.ndarray | None = None, made: np.ndarray | None = None
+        self,
+        places: np.ndarray,
+        ids: np.ndarray | None = None,
+        made: np.ndarray | None = None,
+        missed: np.ndarray | None = None,
     ) -> dict[str, np.ndarray]:
         """The records at ``places``, timed. A caller that reads on a thread counts itself
         in with ``cold.begin_read`` before it awaits, so no segment is deleted meanwhile.
         ``made`` (with the records' ``ids``): which records hold rows as the table made them
         (``cold.made_at`` of their slots, taken with ``places``); those are made again, not
-        read (:meth:`_as_made`)."""
+        read (:meth:`_as_made`). ``missed`` (a bool a place): read only what the page cache
+        holds (the serving loop's own read: :meth:`ColdRows.read`); the records left are
+        marked True there, their entries not to be used."""
         if made is None or ids is None or not made.any():
-            return self._timed_read(places)
+            return self._timed_read(places, missed)
         slot_init = dict(self.slot_init)
         got = self.cold.records(places.size, slot_init)
+        if missed is not None:
+            missed[:] = False  # (a row made again is never missed)
         if not made.all():
-            for k, v in self._timed_read(places[~made]).items():
+            left = None if missed is None else np.zeros(places.size - int(np.count_nonzero(made)), bool)
+            for k, v in self._timed_read(places[~made], left).items():
                 got[k][~made] = v
+            if missed is not None:
+                missed[~made] = left
         rows = np.empty((int(np.count_nonzero(made)), self.config.dim), self.dtype)
         made_ids = np.ascontiguousarray(ids[made], np.int64)
         self.kernels.initial_rows(made_ids, *self.initial_formula, rows)
@@ -661,10 +675,13 @@ class TieredTable(TieredSlices, DynamicTable):
         got["made"] = made  # (what :meth:`promote` counts)
         return got
 
-    def _timed_read(self, places: np.ndarray) -> dict[str, np.ndarray]:
+    def _timed_read(self, places: np.ndarray, missed: np.ndarray | None = None) -> dict[str, np.ndarray]:
         started = time.perf_counter()
-        got = self.cold.read(places, dict(self.slot_init))
-        self.cold_latency = [*self.cold_latency[-1023:], time.perf_counter() - started]
+        got = self.cold.read(places, dict(self.slot_init), missed)
+        if missed is not None:
+            self.rows_from_page_cache += places.size - int(np.count_nonzero(missed))
+        if missed is None or not missed.all():  # (a read of the page cache that found none: none)
+            self.cold_latency = [*self.cold_latency[-1023:], time.perf_counter() - started]
         return got
 
     def promote(
@@ -1060,6 +1077,7 @@ class TieredTable(TieredSlices, DynamicTable):
             "disk_bytes": self.cold.disk_bytes(),
             "cold_reads": self.cold.reads,
             "cold_rows_read": self.cold.rows_read,
+            "cold_rows_from_page_cache": self.rows_from_page_cache,
             "cold_read_p50_us": int(lat[len(lat) // 2] * 1e6),
             "cold_read_p99_us": int(lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e6),
             # 1: this process's reads from disk go through io_uring; 0: by pread (no ring
