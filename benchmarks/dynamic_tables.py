@@ -65,6 +65,7 @@ COUNTERS = (
     "demoted",
     "cold_reads",
     "cold_rows_read",
+    "cold_rows_from_page_cache",
     "read_through",
     "admitted",
     "evicted",

@@ -307,6 +307,8 @@ def main() -> None:
     made_back = [c.get("made_back", 0) / n for c, n in timed]  # (of those: made again, not read)
     read_back = [(c.get("promoted", 0) - c.get("made_back", 0)) / n for c, n in timed]
     cold_reads = [c.get("cold_reads", 0) / n for c, n in timed]
+    # of the rows read from disk, those the serving loop found in the page cache (no thread)
+    on_loop = [c.get("cold_rows_from_page_cache", 0) / max(1, c.get("cold_rows_read", 0)) for c, _ in timed]
     emit(
         {
             "workers": 2,
@@ -346,6 +348,7 @@ def main() -> None:
             "rows_back_in_ram_per_step": round(median(promoted), 1),
             "rows_made_back_per_step": round(median(made_back), 1),
             "rows_read_from_disk_per_step": round(median(read_back), 1),
+            "rows_read_from_page_cache_on_loop": round(median(on_loop), 3),
             "eviction": tiered[-1]["eviction"],
             "cold_read_p50_us_per_ps": [t.get("cold_read_p50_us") for t in per_ps],
             "cold_read_p99_us_per_ps": [t.get("cold_read_p99_us") for t in per_ps],

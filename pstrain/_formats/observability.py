@@ -151,11 +151,16 @@ _TABLE = (
     ),
     ("demoted", "counter", "Rows of a tiered table moved from RAM to disk on this ps"),
     ("compacted", "counter", "Rows of a tiered table copied out of half-dead segments on this ps's disk"),
-    ("cold_reads", "counter", "Reads of a tiered table's rows from this ps's disk (one per request)"),
+    (
+        "cold_reads",
+        "counter",
+        "Reads of a tiered table's rows from this ps's disk (one per request; two where the page "
+        "cache held only some of its rows, the rest read on a thread)",
+    ),
     (
         "cold_rows_from_page_cache",
         "counter",
-        "Rows of a tiered table read back from the page cache on this ps's serving loop, no thread",
+        "Rows of a tiered table read from this ps's disk that its serving loop found in the page cache",
     ),
     ("cold_read_p50_us", "gauge", "Median latency of the last 1024 reads from disk, in microseconds"),
     (

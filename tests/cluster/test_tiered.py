@@ -183,7 +183,8 @@ async def test_rows_back_from_the_page_cache_are_read_on_the_loop_and_the_others
     the serving loop, and hands the others to a thread (here a page cache that holds two
     records in three of each read: the third comes back marked and garbled, as a read that
     stopped short leaves it); a read past ``LOOP_READ_BYTES`` goes to a thread whole. The
-    table trains bit for bit as one in RAM either way, and counts the rows read on the loop."""
+    table trains bit for bit as one in RAM either way, and counts the rows read on the loop;
+    a lookup that does not train reads its rows on disk the same way, and they are RAM's."""
     batches = _batches()
     cached_records = KERNELS.cached_records
 
@@ -193,9 +194,11 @@ async def test_rows_back_from_the_page_cache_are_read_on_the_loop_and_the_others
         out[: records.size : 3] = 0xFF
         return int(records.size - np.count_nonzero(missed[: records.size]))
 
+    sweep = np.arange(IDS, dtype=np.int64)  # every row: most of them on disk
     async with InProcessCluster(num_ps=2, num_workers=1, token=TOKEN) as ram:
         table, _ = await _train(ram, batches + batches[:4])
         want_ids, want_rows = await table.export()
+        want_looked = await table.lookup(sweep, training=False)
     monkeypatch.setattr(KERNELS, "cached_records", some_cached)
     async with _tiered(tmp_path) as cluster:
         strategy, table, opt = await _trained(cluster, batches)
@@ -214,6 +217,11 @@ async def test_rows_back_from_the_page_cache_are_read_on_the_loop_and_the_others
         got_ids, got_rows = await table.export()
         np.testing.assert_array_equal(got_ids, want_ids)
         np.testing.assert_array_equal(got_rows, want_rows)  # bit for bit
+        monkeypatch.setattr(table_handlers, "LOOP_READ_BYTES", 4 << 20)
+        np.testing.assert_array_equal(await table.lookup(sweep, training=False), want_looked)
+        after = await table.statistics()
+        assert after["read_through"] > stats["read_through"], after
+        assert after["cold_rows_from_page_cache"] > on_loop, after  # (two in three read on the loop)
 
 
 async def test_a_lookup_that_does_not_train_reads_rows_on_disk_where_they_lie(tmp_path):

@@ -51,6 +51,27 @@ __all__ = ["Planned", "TableHandlers", "ids_by_table"]
 
 logger = logging.getLogger(__name__)
 
+#: A read of rows on disk (:meth:`TableHandlers._read_cold`): the table, the places, and
+#: ``read(left, missed)``, which reads at the places (``left`` None) or those of
+#: ``places[left]``, only what the page cache holds with ``missed``: a dict of arrays a place.
+ColdRead = tuple[TieredTable, np.ndarray, Callable[[Any, Any], dict[str, np.ndarray]]]
+
+
+def _read_back(
+    table: TieredTable, places: np.ndarray, ids: np.ndarray, made: np.ndarray, left: Any, missed: Any
+) -> dict[str, np.ndarray]:
+    """A stage's read of the rows a training request brings back to RAM (their ``ids``, and
+    which are rows as the table made them, made again: :meth:`TieredTable.read_cold`)."""
+    if left is None:
+        return table.read_cold(places, ids, made, missed)
+    return table.read_cold(places[left])  # (a row made again is never left)
+
+
+def _read_ahead(table: TieredTable, places: np.ndarray, left: Any, missed: Any) -> dict[str, np.ndarray]:
+    """A stage's read of the rows a lookup that does not train reads where they lie."""
+    return {"rows": table.read_rows(places if left is None else places[left], missed)}
+
+
 #: Rounds in which one tiered table gives back RAM for another (:meth:`TableHandlers._make_room`).
 MAKE_ROOM_ROUNDS = 4
 #: Bytes of records a compaction reads (and writes again) at a time, at most: a 64th of the
@@ -345,7 +366,12 @@ class TableHandlers:
                 table.shrink_for_cold(new, ids.size, keep=ids)  # (none of ``ids`` moves)
             if cold_ids.size:  # (which need no read: taken with their places, on the loop)
                 reads.append((table, ids, cold_ids, slots, places, found, new, table.cold.made_at(slots)))
-        got = await self._read_cold(reads)
+        got = await self._read_cold(
+            [
+                (t, places, functools.partial(_read_back, t, places, cold, made))
+                for t, _, cold, _, places, *_, made in reads
+            ]
+        )
         for (table, ids, cold_ids, slots, places, found, new, _), records in zip(reads, got):
             if self.tables.get(table.name) is table:  # (not replaced meanwhile)
                 table.promote(cold_ids, slots, places, records, ids, found)
@@ -363,11 +389,11 @@ class TableHandlers:
                 _, places = table.cold_wanted(ids[table.in_ram(ids).pos < 0])
                 if places.size:
                     reads.append((table, np.sort(places)))
-        got = await self._read_on_thread([t for t, _ in reads], lambda: [t.read_rows(p) for t, p in reads])
+        got = await self._read_cold([(t, p, functools.partial(_read_ahead, t, p)) for t, p in reads])
         given = []
-        for (table, places), rows in zip(reads, got):
+        for (table, places), read in zip(reads, got):
             if self.tables.get(table.name) is table:  # (not replaced meanwhile)
-                table.read_ahead = (places, rows)
+                table.read_ahead = (places, read["rows"])
                 given.append(table)
         return given
 
@@ -381,39 +407,36 @@ class TableHandlers:
             if isinstance(table, TieredTable):
                 yield table, ids
 
-    async def _read_cold(self, reads: list[tuple[Any, ...]]) -> list[dict[str, np.ndarray]]:
-        """The records of :meth:`stage`'s ``reads``: on the loop, those the page cache holds
-        (a read that cannot wait for the disk: ``ColdRows.read``'s ``missed``), of reads of at
-        most ``LOOP_READ_BYTES``; the rest in one thread call, as every read went before. A
-        hop to a thread and back costs more than a few hundred records copied from the page
-        cache, and the request's reply waits for it."""
+    async def _read_cold(self, reads: list[ColdRead]) -> list[dict[str, np.ndarray]]:
+        """What each of ``reads`` reads (``(table, places, read)``: ``read(None, missed)``
+        reads at ``places``, ``read(left, None)`` those of ``places[left]``, each a dict of
+        arrays a place): on the loop, the records the page cache holds (reads that cannot
+        wait for the disk: ``ColdRows.read``'s ``missed``), of reads of at most
+        ``LOOP_READ_BYTES``; the rest in one thread call, as every read went before. A hop to
+        a thread and back costs more than a few hundred records copied from the page cache,
+        and the request's reply waits for it."""
         got: list[Any] = [None] * len(reads)
         rest: list[tuple[int, np.ndarray | None]] = []  # (read, its places left: None, all)
-        for k, (table, _, cold_ids, _, places, _, _, made) in enumerate(reads):
+        for k, (table, places, read) in enumerate(reads):
             if places.size * table.hot_row_bytes() > LOOP_READ_BYTES:
                 rest.append((k, None))
                 continue
             missed = np.zeros(places.size, bool)
-            got[k] = table.read_cold(places, cold_ids, made, missed)
+            got[k] = read(None, missed)
             if missed.any():
                 rest.append((k, missed))
         if rest:
 
-            def read() -> list[dict[str, np.ndarray]]:
-                return [
-                    reads[k][0].read_cold(reads[k][4], reads[k][2], reads[k][7])
-                    if left is None
-                    else reads[k][0].read_cold(reads[k][4][left])
-                    for k, left in rest
-                ]
+            def on_thread() -> list[dict[str, np.ndarray]]:
+                return [reads[k][2](left, None) for k, left in rest]
 
-            more = await self._read_on_thread([reads[k][0] for k, _ in rest], read)
-            for (k, left), records in zip(rest, more):
+            more = await self._read_on_thread([reads[k][0] for k, _ in rest], on_thread)
+            for (k, left), values in zip(rest, more):
                 if left is None:
-                    got[k] = records
+                    got[k] = values
                 else:
-                    for key, values in records.items():
-                        got[k][key][left] = values
+                    for key, part in values.items():
+                        got[k][key][left] = part
         return got
 
     @staticmethod

@@ -190,7 +190,7 @@ class TieredTable(TieredSlices, DynamicTable):
         self.looked_up = 0  # ids of training lookups (the hit rate: 1 - promoted / looked_up)
         self.loop_reads = 0  # reads from disk on the serving loop (no stage before the handler)
         #: Rows a stage read from the page cache on the serving loop, no thread (the rest of
-        #: ``cold.rows_read`` came on a thread)
+        #: ``cold.rows_read`` came on a thread, or on the loop without a stage: ``loop_reads``)
         self.rows_from_page_cache = 0
         self.compacting = False  # a segment's live rows being copied (``TableHandlers.compact``)
         self.compacted = 0  # rows copied out of half-dead segments
@@ -753,13 +753,17 @@ class TieredTable(TieredSlices, DynamicTable):
         self.promote(cold_ids, slots, places, self.read_cold(places, cold_ids, self.cold.made_at(slots)), ids)
         return self.positions(ids)  # (a promotion may move as many rows out)
 
-    def read_rows(self, places: np.ndarray) -> np.ndarray:
+    def read_rows(self, places: np.ndarray, missed: np.ndarray | None = None) -> np.ndarray:
         """The rows (not their slots) of the records at ``places``, for a lookup that does
         not train, read a piece at a time, so that no more than a piece of whole records is
-        held beside the rows."""
+        held beside the rows (``missed``: only what the page cache holds, as
+        :meth:`read_cold`)."""
         rows = np.empty((places.size, self.config.dim), self.dtype)
         for lo in range(0, places.size, READ_THROUGH_PIECE):
-            rows[lo : lo + READ_THROUGH_PIECE] = self.read_cold(places[lo : lo + READ_THROUGH_PIECE])["rows"]
+            piece = slice(lo, lo + READ_THROUGH_PIECE)
+            rows[piece] = self.read_cold(places[piece], missed=None if missed is None else missed[piece])[
+                "rows"
+            ]
         return rows
 
     # -- what the ps serves --------------------------------------------------------------------
