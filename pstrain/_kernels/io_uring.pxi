@@ -257,6 +257,7 @@ cdef extern from *:
                 memset(missed, 1, (size_t)n);
                 return;
             }
+            memset(missed, 0, (size_t)n);  /* (no ring, or one short of memory: all read again) */
         }
         while (i < n) {
             struct iovec v;
@@ -307,9 +308,9 @@ def cached_records(
     ``preadv2``): a run of neighbouring records not read whole has each of its records
     marked 1 in ``missed`` (which is set for every record first), and its rows of ``out``
     are not to be used (a read that stopped short filled some). What a tiered table reads
-    on its serving loop before it hands
-    the rest to a thread. Returns how many records were read; a failed read is only
-    missed (the blocking read of those records reports it)."""
+    on its serving loop before it hands the rest to a thread. Returns how many records
+    were read; a failed read is only missed (the blocking read of those records reports
+    it)."""
     cdef Py_ssize_t n = records.shape[0], k, read = 0
     cdef int use_ring = 1 if (uring and _URING) else 0
     if out.shape[0] < n or out.shape[1] != width:
