@@ -64,7 +64,8 @@ def _tiers(first: dict[str, Any], second: dict[str, Any]) -> list[str]:
     """One line per tiered table of a ps: its rows in RAM and on disk, the bytes on disk,
     the hit rate of its lookups and its reads from disk per second (both over the one
     second between ``first`` and ``second``; the hit rate since the ps started if nothing
-    was looked up then), their latency and how the ps reads (io_uring or ``pread``)."""
+    was looked up then), their latency, how the ps reads (io_uring or ``pread``) and, of
+    the rows read from disk in that second, the share the page cache held."""
     lines = []
     for name, t in sorted(second.get("tables", {}).items()):
         if "cold_rows" not in t:
@@ -75,6 +76,11 @@ def _tiers(first: dict[str, Any], second: dict[str, Any]) -> list[str]:
         way = ""
         if int(t["cold_reads"]):  # (a ps that has read nothing yet cannot say how it reads)
             way = ", io_uring" if int(t.get("cold_reads_io_uring", 0)) else ", pread"
+        rows, cached = (
+            int(t.get(k, 0)) - int(before.get(k, 0)) for k in ("cold_rows_read", "cold_rows_from_page_cache")
+        )
+        if rows > 0 and before:  # (the page cache served the second's reads, or the disk did)
+            way += f", {100 * cached / rows:.0f} % of rows from the page cache"
         lines.append(
             f"{name}: {t['hot_rows']} rows in RAM, {t['cold_rows']} on disk ({_human(t['disk_bytes'])}), "
             f"hit rate {hit}, {reads} reads from disk/s (p50 {t['cold_read_p50_us']} us, "

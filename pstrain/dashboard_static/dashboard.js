@@ -121,8 +121,9 @@ function tableBytes(t) {
 // Each dynamic table over every ps: rows (against the capacity), admitted and evicted per
 // second, bytes; for tables tiered on their ps (--memory-budget), the rows on disk, the hit
 // rate of lookups since the last refresh (hitRate), reads from disk per second, their worst
-// p99 latency, and how the ps read (io_uring, or one pread a run of records: a kernel or a
-// container without io_uring).
+// p99 latency, how the ps read (io_uring, or one pread a run of records: a kernel or a
+// container without io_uring), and the share of the rows read from disk that the page cache
+// held (pageCache).
 function renderTables(state, dt) {
   const totals = {};
   for (const t of state.tasks) {
@@ -130,13 +131,15 @@ function renderTables(state, dt) {
     for (const name in t.tables) {
       const s = t.tables[name];
       const a = totals[name] || (totals[name] = { rows: 0, capacity: 0, admitted: 0, evicted: 0, bytes: 0, unbounded: false,
-                                                   tiered: false, cold: 0, disk: 0, looked: 0, promoted: 0, reads: 0, p99: 0, ways: new Set() });
+                                                   tiered: false, cold: 0, disk: 0, looked: 0, promoted: 0, reads: 0, p99: 0, ways: new Set(),
+                                                   rowsRead: 0, cached: 0 });
       a.rows += s.rows; a.admitted += s.admitted; a.evicted += s.evicted; a.bytes += s.bytes;
       if (s.capacity) a.capacity += s.capacity; else a.unbounded = true;
       if (s.cold_rows !== undefined) {
         a.tiered = true; a.cold += s.cold_rows; a.disk += s.disk_bytes; a.looked += s.looked_up;
         a.promoted += s.promoted; a.reads += s.cold_reads; a.p99 = Math.max(a.p99, s.cold_read_p99_us);
         a.ways.add(s.cold_reads_io_uring ? "io_uring" : "pread");
+        a.rowsRead += s.cold_rows_read || 0; a.cached += s.cold_rows_from_page_cache || 0;
       }
     }
   }
@@ -147,7 +150,7 @@ function renderTables(state, dt) {
   const names = Object.keys(totals).sort();
   const table = document.getElementById("tables");
   table.replaceChildren(row("th", ["table", "rows", "capacity", "admitted/s", "evicted/s", "MiB", "on disk", "hit %",
-                                   "disk reads/s", "p99 µs", "reads by"]),
+                                   "disk reads/s", "p99 µs", "reads by", "page cache %"]),
     ...names.map(name => {
       const a = totals[name];
       const tiered = (text) => a.tiered ? text : "–";
@@ -155,7 +158,8 @@ function renderTables(state, dt) {
                             rate(name, "admitted"), rate(name, "evicted"), (a.bytes / 1048576).toFixed(1),
                             tiered(a.cold.toLocaleString() + " (" + (a.disk / 1048576).toFixed(1) + " MiB)"),
                             tiered(hitRate(a, lastTables[name])),
-                            tiered(rate(name, "reads")), tiered(String(a.p99)), tiered([...a.ways].sort().join(" and "))]);
+                            tiered(rate(name, "reads")), tiered(String(a.p99)), tiered([...a.ways].sort().join(" and ")),
+                            tiered(pageCache(a, lastTables[name]))]);
       tr.dataset.table = name;
       tr.dataset.rows = String(a.rows);
       if (a.tiered) tr.dataset.cold = String(a.cold);
@@ -172,6 +176,15 @@ function hitRate(now, before) {
   const looked = before ? now.looked - before.looked : 0;
   if (looked > 0) return (100 * (1 - (now.promoted - before.promoted) / looked)).toFixed(1);
   return now.looked ? (100 * (1 - now.promoted / now.looked)).toFixed(1) : "–";
+}
+
+// The share of a tiered table's rows read from disk since the last refresh that its ps
+// found in the page cache (read on its serving loop, no thread), or since its ps started
+// while nothing has been read between refreshes.
+function pageCache(now, before) {
+  const read = before ? now.rowsRead - before.rowsRead : 0;
+  if (read > 0) return (100 * (now.cached - before.cached) / read).toFixed(1);
+  return now.rowsRead ? (100 * now.cached / now.rowsRead).toFixed(1) : "–";
 }
 
 function textDiv(cls, text) {

@@ -236,11 +236,16 @@ async def test_the_dashboard_shows_a_tiered_tables_rows_on_disk(tmp_path):
         coordinator = pstrain.ClusterCoordinator(strategy)
         with strategy.scope():
             users = pstrain.DynamicEmbedding(16, name="users")
+            sgd = pstrain.optimizers.SGD(0.1)
         for k in range(10):
-            await users.lookup(np.arange(1000 * k, 1000 * k + 1000, dtype=np.int64))
+            ids = np.arange(1000 * k, 1000 * k + 1000, dtype=np.int64)
+            await users.lookup(ids)
+            if k == 0:  # trained: read back from disk later (rows as made are made again)
+                grad = pstrain.IndexedSlices(np.ones((1000, 16), np.float32), ids)
+                await sgd.apply_gradients([(grad, users)])
         await users.lookup(np.arange(0, 500, dtype=np.int64))  # some back from disk
         stats = await users.statistics()
-        assert stats["cold_rows"] > 0
+        assert stats["cold_rows"] > 0 and stats["cold_rows_read"] > 0, stats
         async with dashboard_page(coordinator) as page:
             row = page.locator(f'#tables tr[data-table="users"][data-cold="{stats["cold_rows"]}"]')
             await row.wait_for()
@@ -248,6 +253,8 @@ async def test_the_dashboard_shows_a_tiered_tables_rows_on_disk(tmp_path):
             assert cells[6].startswith(f"{stats['cold_rows']:,} ("), cells
             hit = 100 * (1 - stats["promoted"] / stats["looked_up"])
             assert cells[7] == f"{hit:.1f}", cells  # nothing looked up since: since the start
+            cached = 100 * stats["cold_rows_from_page_cache"] / stats["cold_rows_read"]
+            assert cells[11] == f"{cached:.1f}", cells  # (rows just written: in the page cache)
             # The hit rate is what the hot set does now: three lookups of rows long moved to
             # disk show the few found in RAM between two snapshots, not the share since the
             # start (still over 80 %), and the share since the start again once no lookup

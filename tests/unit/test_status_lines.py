@@ -41,3 +41,15 @@ def test_with_no_lookup_in_that_second_the_hit_rate_is_the_whole_runs_said_so():
     assert "hit rate 90.0 % since start, 0 reads from disk/s" in line
     (line,) = _tiers({}, _stats(0, 0, 0))
     assert "hit rate -," in line
+
+
+def test_the_share_of_rows_the_page_cache_held_is_the_last_seconds():
+    # 400 rows read from disk in the last second, 300 of them found in the page cache (read
+    # on the serving loop); before that, every row read was in the page cache
+    first, second = _stats(10_000, 1_000, 50), _stats(10_100, 1_060, 53)
+    first["tables"]["emb"].update(cold_rows_read=1_000, cold_rows_from_page_cache=1_000)
+    second["tables"]["emb"].update(cold_rows_read=1_400, cold_rows_from_page_cache=1_300)
+    (line,) = _tiers(first, second)
+    assert "(p50 5 us, p99 50 us, io_uring, 75 % of rows from the page cache), 0 refused" in line
+    (line,) = _tiers(second, second)  # nothing read in that second: no share said
+    assert "io_uring), 0 refused" in line
