@@ -263,7 +263,8 @@ class TableHandlers:
         check: Callable[[Q], object] | None = None,
     ) -> Callable[[Q], Any]:
         """``fn`` (a handler that runs in one step on the loop) behind a stage that first
-        brings back into RAM, read on a thread, the rows on disk that its request names
+        brings back into RAM (read on the loop from the page cache, or on a thread:
+        :meth:`_read_cold`) the rows on disk that its request names
         (``ids_of``: its ``(table, ids)``); ``fn`` itself if this ps tiers nothing. A request
         that does not train (``trains``) has those rows read for it and left on disk.
         ``check`` refuses, before anything is read, what ``fn`` would refuse whatever the
