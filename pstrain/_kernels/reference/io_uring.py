@@ -21,11 +21,7 @@ def pread_records(fd: int, records: np.ndarray, width: int, out: np.ndarray, off
         raise ValueError("pread_records: out must be (records, width)")
     if offset < 0:
         raise ValueError("pread_records: offset must be at least 0")
-    n = records.size
-    breaks = np.flatnonzero(np.diff(records) != 1) + 1
-    for lo, hi in zip([0, *breaks.tolist()], [*breaks.tolist(), n]):
-        if lo >= hi:
-            continue
+    for lo, hi in _runs(records):
         want = (hi - lo) * width
         try:
             got = os.preadv(fd, [out[lo:hi].data], offset + int(records[lo]) * width)

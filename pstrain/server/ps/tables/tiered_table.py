@@ -761,9 +761,8 @@ class TieredTable(TieredSlices, DynamicTable):
         rows = np.empty((places.size, self.config.dim), self.dtype)
         for lo in range(0, places.size, READ_THROUGH_PIECE):
             piece = slice(lo, lo + READ_THROUGH_PIECE)
-            rows[piece] = self.read_cold(places[piece], missed=None if missed is None else missed[piece])[
-                "rows"
-            ]
+            left = None if missed is None else missed[piece]  # (a view: marked in place)
+            rows[piece] = self.read_cold(places[piece], missed=left)["rows"]
         return rows
 
     # -- what the ps serves --------------------------------------------------------------------
