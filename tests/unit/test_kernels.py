@@ -508,6 +508,14 @@ def test_a_row_past_the_end_is_refused_by_both_and_nothing_changes():
         epochs, last, freq = np.zeros(4, np.uint32), np.zeros(4, np.int64), np.zeros(4, np.int64)
         with pytest.raises(IndexError, match="past the table's end"):
             impl.stamp_rows(epochs, np.array([0, 4], np.int64), 7)
+        flags = np.zeros(1, np.uint8)
+        with pytest.raises(IndexError, match="past the table's end"):
+            impl.flag_rows(flags, np.array([0, 4], np.int64), 4)
+        with pytest.raises(ValueError, match="2 bytes of bits for 4 rows"):
+            impl.flag_rows(np.zeros(2, np.uint8), np.array([0], np.int64), 4)
+        with pytest.raises(ValueError, match="2 bytes of bits for 4 rows"):
+            impl.stamp_flagged(np.ones(2, np.uint8), epochs, 7)
+        assert not flags.any()
         with pytest.raises(IndexError, match="past the table's end"):
             impl.gather_rows(
                 var, np.array([1, 4], np.int64), np.empty((2, 2), np.float32), 0.0, last, freq, 7
@@ -561,6 +569,30 @@ def test_a_lookups_gather_and_bookkeeping_are_the_same_compiled_and_in_numpy(
         == stamped[1]
         == (int(hit.sum()), _bits(np.where(hit, clock % 2**32, np.arange(n)).astype(np.uint32)))
     )
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    n=st.integers(0, 200),
+    updates=st.lists(st.lists(st.integers(-1, 199), max_size=40), max_size=6),
+    epoch=st.integers(0, 2**32 - 1),
+)
+def test_rows_flagged_then_stamped_get_the_epochs_stamping_each_update_gives(n, updates, epoch):
+    """Updates that flag their rows, then one stamp of the flagged rows, leave the epochs
+    (and the counts) that stamping each update's rows directly leaves, compiled and in
+    numpy; the flags are all clear after, and a second stamp changes nothing."""
+    batches = [np.array([r for r in u if r < n], np.int64) for u in updates]
+    want = np.arange(n, dtype=np.uint32)
+    direct = sum(reference.stamp_rows(want, rows, epoch) for rows in batches)
+    for impl in (compiled, reference):
+        epochs, flags = np.arange(n, dtype=np.uint32), np.zeros((n + 7) // 8, np.uint8)
+        flagged = sum(impl.flag_rows(flags, rows, n) for rows in batches)
+        assert flagged == direct
+        changed = {int(r) for rows in batches for r in rows if r >= 0}
+        assert impl.stamp_flagged(flags, epochs, epoch) == len(changed)
+        assert _bits(epochs) == _bits(want) and not flags.any()
+        assert impl.stamp_flagged(flags, epochs, epoch + 1 if epoch < 2**32 - 1 else 0) == 0
+        assert _bits(epochs) == _bits(want)
 
 
 @settings(max_examples=300, deadline=None)

@@ -36,12 +36,14 @@ from .optimizer_rows import adagrad_rows, rowwise_adagrad_rows, sgd_rows
 from .rows import (
     ascending_rows,
     decode_places,
+    flag_rows,
     gather_rows,
     keep_changed,
     mark_bits,
     pick_victims,
     put_rows,
     rows_after,
+    stamp_flagged,
     stamp_rows,
 )
 from .strings import fingerprint64, siphash24
@@ -64,6 +66,7 @@ __all__ = [
     "decode_places",
     "fingerprint64",
     "create_rows",
+    "flag_rows",
     "gather_rows",
     "id_span",
     "index_delete",
@@ -88,6 +91,7 @@ __all__ = [
     "shard_ids",
     "shuffle_through",
     "siphash24",
+    "stamp_flagged",
     "stamp_rows",
     "take_bags",
     "take_fixed",

@@ -76,6 +76,25 @@ def stamp_rows(epochs: np.ndarray, pos: np.ndarray, epoch: int) -> int:
     return int(hit.size)
 
 
+def flag_rows(bits: np.ndarray, pos: np.ndarray, rows: int) -> int:
+    if bits.shape[0] != (rows + 7) // 8:
+        raise ValueError(f"flag_rows: {bits.shape[0]} bytes of bits for {rows} rows")
+    if pos.size and pos.max() >= rows:
+        raise IndexError("flag_rows: a row past the table's end")
+    hit = pos[pos >= 0]
+    np.bitwise_or.at(bits, hit >> 3, (1 << (hit & 7)).astype(np.uint8))
+    return int(hit.size)
+
+
+def stamp_flagged(bits: np.ndarray, epochs: np.ndarray, epoch: int) -> int:
+    if bits.shape[0] != (epochs.shape[0] + 7) // 8:
+        raise ValueError(f"stamp_flagged: {bits.shape[0]} bytes of bits for {epochs.shape[0]} rows")
+    flagged = np.flatnonzero(np.unpackbits(bits, bitorder="little")[: epochs.shape[0]])
+    epochs[flagged] = epoch
+    bits[:] = 0
+    return int(flagged.size)
+
+
 def pick_victims(
     key: np.ndarray,
     live: np.ndarray,

@@ -86,6 +86,13 @@ class VariableRecord:
     its rows last changed (``changed``: the whole array; ``row_epochs``: per row, for arrays
     of at least ``SNAPSHOT_MIN_BYTES``, whose deltas carry only the rows that changed).
 
+    An update flags its rows in ``flags``, a bit a row, rather than writing each row's
+    epoch: the bits of a million rows stay in the caches, where an update's rows' epochs
+    are a cache miss each. The flags are the rows changed in epoch ``flagged_in``; they
+    are stamped into ``row_epochs`` (:meth:`stamp_flagged`) before anything reads the
+    epochs, before an update in a later epoch flags rows, and before a row is stamped
+    directly (while a save's snapshot reads the epochs as rows change).
+
     ``initial`` makes the variable's initial value again, bit for bit (its seeded
     initializer), as long as the array holds nothing else: a restore that will replace it
     gives its memory back first (:meth:`release_initial`), so a job restored at its start
@@ -105,6 +112,8 @@ class VariableRecord:
         "clock",
         "changed",
         "row_epochs",
+        "flags",
+        "flagged_in",
     )
 
     def __init__(
@@ -128,6 +137,8 @@ class VariableRecord:
         self.clock: ChangeClock | None = None  # set when the record joins a store
         self.changed = 0  # the epoch the whole array last changed in
         self.row_epochs: np.ndarray | None = None
+        self.flags: np.ndarray | None = None  # a bit a row of row_epochs: changed in flagged_in
+        self.flagged_in = 0  # 0: no row flagged
 
     @property
     def array(self) -> np.ndarray:
@@ -184,6 +195,8 @@ class VariableRecord:
         arr = self.array
         big = arr.ndim >= 1 and arr.nbytes >= SNAPSHOT_MIN_BYTES and arr.shape[0] > 1
         self.row_epochs = np.zeros(arr.shape[0], np.uint32) if big else None
+        self.flags = np.zeros((arr.shape[0] + 7) // 8, np.uint8) if big else None
+        self.flagged_in = 0
 
     def replace(self, array: np.ndarray, *, change: bool = True) -> None:
         """A new array (the old one stays with whoever pinned or snapshot it); ``change``:
@@ -204,7 +217,15 @@ class VariableRecord:
         """The rows changed after mark ``since`` (ascending), or None: the whole array."""
         if self.changed > since or self.row_epochs is None:
             return None
+        self.stamp_flagged()
         return KERNELS.rows_after(self.row_epochs, since)
+
+    def stamp_flagged(self) -> None:
+        """Stamp the rows flagged since the last time with the epoch they changed in."""
+        if self.flagged_in:
+            assert self.flags is not None and self.row_epochs is not None
+            KERNELS.stamp_flagged(self.flags, self.row_epochs, self.flagged_in)
+            self.flagged_in = 0
 
     def writable(self, rows: np.ndarray | None = None) -> np.ndarray:
         """The array, safe to change in place: copied first if a reply shares it; a save's
@@ -217,13 +238,23 @@ class VariableRecord:
         for snap in self.snapshots:
             snap.before_write(rows)
         clock = self.clock
-        if clock is not None:
-            if rows is None or self.row_epochs is None:
-                self.changed = clock.epoch
-            elif rows.dtype == np.int64 and rows.ndim == 1 and rows.flags.c_contiguous:
-                KERNELS.stamp_rows(self.row_epochs, rows, clock.epoch)  # (the rows are in range)
-            else:
-                self.row_epochs[rows] = clock.epoch
+        if clock is None:
+            return arr
+        epochs = self.row_epochs
+        if rows is None or epochs is None:
+            self.changed = clock.epoch
+        elif not (rows.dtype == np.int64 and rows.ndim == 1 and rows.flags.c_contiguous):
+            self.stamp_flagged()
+            epochs[rows] = clock.epoch
+        elif self.snapshots:  # a delta's snapshot reads the epochs of the rows as they change
+            self.stamp_flagged()
+            KERNELS.stamp_rows(epochs, rows, clock.epoch)  # (the rows are in range)
+        else:
+            if self.flagged_in != clock.epoch:
+                self.stamp_flagged()  # (flags of an earlier epoch)
+                self.flagged_in = clock.epoch
+            assert self.flags is not None
+            KERNELS.flag_rows(self.flags, rows, epochs.shape[0])
         return arr
 
     def snapshot(self, rows: np.ndarray | None = None, block_bytes: int = BLOCK_BYTES) -> Snapshot | None:
@@ -243,6 +274,7 @@ class VariableRecord:
         arr = self.array
         if self.row_epochs is None or not arr.flags.c_contiguous:
             return None
+        self.stamp_flagged()  # (rows changed while it lives are stamped, not flagged)
         snap = ChangedRows(arr, self.row_epochs, since, mark, block_bytes=block_bytes)
         self.snapshots.append(snap)
         return snap
