@@ -244,8 +244,10 @@ class EmbeddingCollection(Module):
             values[i] = [None] * len(parts)
             for j, part in enumerate(parts):
                 items.append(("whole", i, part, j))
-        local = [it for it in items if it[2].ps_index is None]
-        placed = [it for it in items if it[2].ps_index is not None]
+        local: list[tuple[Any, ...]] = []
+        placed: list[tuple[Any, ...]] = []
+        for it in items:  # (ps_index reads the placement map: once an item)
+            (local if it[2].ps_index is None else placed).append(it)
         for it in local:
             self._put(it, rows, values, _read_local(it, per_table))
         await ensure_created(it[2] for it in placed)

@@ -275,12 +275,13 @@ async def apply_together(steps: Iterable[tuple[Optimizer, Iterable[tuple[Any, An
         # request with everything else the counter's ps takes; the other ps then get theirs
         # with the step (one request per ps still)
         homes = {counters[k].channel() for k, opt in enumerate(optimizers) if opt.needs_step}
-        first = [item for item in items if channel_of(item) in homes]
-        items = [item for item in items if channel_of(item) not in homes]
+        channels = [channel_of(item) for item in items]  # (routed() asks again, as it sends)
+        first = [item for item, c in zip(items, channels) if c in homes]
+        items = [item for item, c in zip(items, channels) if c not in homes]
 
         # the worker's next step may read once every request is written: the ps reads
         # a connection's requests in order (step_order.py)
-        unsent = len({channel_of(item) for item in first}) + len({channel_of(item) for item in items})
+        unsent = len(homes.intersection(channels)) + len(set(channels) - homes)
 
         def sent() -> None:
             nonlocal unsent
