@@ -281,7 +281,7 @@ async def apply_together(steps: Iterable[tuple[Optimizer, Iterable[tuple[Any, An
 
         # the worker's next step may read once every request is written: the ps reads
         # a connection's requests in order (step_order.py)
-        unsent = len(homes.intersection(channels)) + len(set(channels) - homes)
+        unsent = len(set(channels))  # (a send for each ps: first's, then the others')
 
         def sent() -> None:
             nonlocal unsent
