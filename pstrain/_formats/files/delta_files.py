@@ -175,7 +175,9 @@ T = TypeVar("T")
 PLAN_THREADS = 4
 
 
-def kept_by_later(put: list[np.ndarray], removed: list[np.ndarray]) -> tuple[list[np.ndarray], IdSet]:
+def kept_by_later(
+    put: list[np.ndarray], removed: list[np.ndarray], at_most: int | None = None
+) -> tuple[list[np.ndarray], IdSet]:
     """Which of each delta's ids (``put[k]``, distinct; ``removed[k]``, the ids it removes)
     the deltas composed keep: those no later delta put again or removed (removed then put
     by one delta: put); and every id the deltas put or remove, as a set. The last delta
@@ -183,8 +185,11 @@ def kept_by_later(put: list[np.ndarray], removed: list[np.ndarray]) -> tuple[lis
     the ids they touch, not for every id they name (a chain of deltas that each changed
     most of a table names it many times over). (Sorted arrays merged after each delta cost
     a sort of every id seen so far a delta: 60 ms of a 0.3 s restore of ten deltas of
-    21,000 ids.)"""
-    seen = IdSet(max((ids.size for ids in put), default=0))
+    21,000 ids.) The set is made for every id named, or ``at_most`` (the ids the caller
+    expects the deltas to touch at most) if fewer, and grows past it if need be: each
+    growth puts every id in again, in memory the ps has not touched yet."""
+    named = sum(ids.size for ids in put) + sum(gone.size for gone in removed)
+    seen = IdSet(named if at_most is None else min(named, at_most))
     keep = []
     for ids, gone in zip(reversed(put), reversed(removed), strict=True):
         kept = ~seen.has(ids)
@@ -567,7 +572,9 @@ def read_table_plan(
         if KERNELS.unique_first(ids)[0].size != ids.size:
             raise InvalidArgumentError("dyn/restore: an id appears twice in the saved shards")
         put.append(ids)
-    keeps, seen = kept_by_later(put, [removed for _, removed, _ in planned])
+    # (the deltas touch about as many ids as the shard holds at most, unless it grew)
+    in_base = sum(int(part.keep.sum()) for parts, _ in base_parts for part in parts)
+    keeps, seen = kept_by_later(put, [removed for _, removed, _ in planned], max(in_base, *map(len, put), 1))
     delta_files: list[SavedFile] = []
     for (parts, _, _), keep in zip(planned, keeps, strict=True):
         at = 0
