@@ -167,3 +167,17 @@ def test_a_file_whose_rows_do_not_match_its_ids_is_refused_by_name_before_any_ro
     )
     with pytest.raises(InvalidArgumentError, match=r"slot:acc in .*/b is \(2, 3\), expected \(2, 2\)"):
         read_table_plan([slot], [], 0, 1, DIM, dtype)
+
+
+def test_composing_a_chain_holds_the_ids_it_touches_not_every_id_it_names():
+    """Fifty deltas that each put the same 4,000 ids: the set of ids they touched is sized
+    for 4,000 ids (as for one delta), not for the 200,000 they name; the last delta keeps
+    them all and every earlier one none."""
+    from pstrain._formats.files.delta_files import kept_by_later
+
+    ids = np.arange(4000, dtype=np.int64) * 7919
+    keeps, seen = kept_by_later([ids] * 50, [np.empty(0, np.int64)] * 50)
+    assert len(seen) == 4000 and seen.nbytes <= 4 * 16 * 4000
+    assert keeps[-1].all() and not any(k.any() for k in keeps[:-1])
+    bounded, _ = kept_by_later([ids] * 50, [np.empty(0, np.int64)] * 50, at_most=10**6)
+    assert all((a == b).all() for a, b in zip(bounded, keeps))

@@ -185,11 +185,12 @@ def kept_by_later(
     the ids they touch, not for every id they name (a chain of deltas that each changed
     most of a table names it many times over). (Sorted arrays merged after each delta cost
     a sort of every id seen so far a delta: 60 ms of a 0.3 s restore of ten deltas of
-    21,000 ids.) The set is made for every id named, or ``at_most`` (the ids the caller
-    expects the deltas to touch at most) if fewer, and grows past it if need be: each
-    growth puts every id in again, in memory the ps has not touched yet."""
-    named = sum(ids.size for ids in put) + sum(gone.size for gone in removed)
-    seen = IdSet(named if at_most is None else min(named, at_most))
+    21,000 ids.) The set is made for the largest delta's ids, or for every id named up to
+    ``at_most`` (the ids the caller expects the deltas to touch at most: a restore knows
+    its shard's), and grows past that if need be: each growth puts every id in again, in
+    memory the ps has not touched yet."""
+    sizes = [ids.size + gone.size for ids, gone in zip(put, removed, strict=True)]
+    seen = IdSet(max(sizes, default=0) if at_most is None else min(sum(sizes), at_most))
     keep = []
     for ids, gone in zip(reversed(put), reversed(removed), strict=True):
         kept = ~seen.has(ids)
