@@ -17,10 +17,10 @@ import pstrain.torch as ptorch
 from pstrain._formats.messages.operations import ApplyGradients, LookupTable, OptimizerRule
 from pstrain._formats.numerics.idhash import initial_rows, shard_of
 from pstrain._formats.numerics.optimizer_rules import RULES
+from pstrain._kernels.id_index import IdIndex
 from pstrain.errors import InvalidArgumentError
 from pstrain.server.ps.checkpoints import snapshots
 from pstrain.server.ps.tables.dynamic_table import DynamicTable
-from pstrain.server.ps.tables.id_index import IdIndex
 from pstrain.server.ps.tables.table_config import TableConfig
 from pstrain.testing import InProcessCluster
 from tests.helpers import TOKEN

@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from pstrain._kernels import KERNELS
+from pstrain._kernels.id_index import PartitionedIndex
 from pstrain.server.ps.tables.cold_records import META
 from pstrain.server.ps.tables.cold_rows import KEY_SPAN, ColdRows
 from pstrain.server.ps.tables.cold_segments import removals_done
-from pstrain.server.ps.tables.id_index import PartitionedIndex
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -21,8 +21,8 @@ from pstrain._formats.numerics.idhash import initial_rows, mix64, row_hash
 from pstrain._formats.numerics.optimizer_rules import RULES
 from pstrain._kernels import KERNELS, compiled, kernels, reference
 from pstrain._kernels.batches import take_examples, take_rows
+from pstrain._kernels.id_index import CompactIdIndex, IdIndex
 from pstrain.server.ps.tables.dynamic_table import DynamicTable, TableConfig
-from pstrain.server.ps.tables.id_index import CompactIdIndex, IdIndex
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.timeout(180)

@@ -34,7 +34,7 @@ import numpy as np
 
 from ..._base.errors import InvalidArgumentError, NotFoundError
 from ..._kernels import KERNELS
-from ..._kernels.id_sets import IdSet
+from ..._kernels.id_index import IdIndex
 from ..numerics.idhash import Shard, in_slices
 from .checksums import checked_index, with_digest
 from .table_links import linked_parts, rows_of
@@ -177,32 +177,48 @@ PLAN_THREADS = 4
 
 def kept_by_later(
     put: list[np.ndarray], removed: list[np.ndarray], at_most: int | None = None
-) -> tuple[list[np.ndarray], IdSet]:
+) -> tuple[list[np.ndarray], IdIndex]:
     """Which of each delta's ids (``put[k]``, distinct; ``removed[k]``, the ids it removes)
     the deltas composed keep: those no later delta put again or removed (removed then put
-    by one delta: put); and every id the deltas put or remove, as a set. The last delta
-    first, each id looked up once in a hash set of the ids the later ones touched: RAM for
+    by one delta: put); and every id the deltas put or remove, in an index (:func:`has`
+    asks it). The last delta first, each id looked up once in a hash index of the ids the
+    later ones touched (the tables' own, their rows left 0): RAM for
     the ids they touch, not for every id they name (a chain of deltas that each changed
     most of a table names it many times over). (Sorted arrays merged after each delta cost
     a sort of every id seen so far a delta: 60 ms of a 0.3 s restore of ten deltas of
-    21,000 ids.) The set is made for the largest delta's ids, or for every id named up to
+    21,000 ids.) The index is made for the largest delta's ids, or for every id named up to
     ``at_most`` (the ids the caller expects the deltas to touch at most: a restore knows
     its shard's), and grows past that if need be: each growth puts every id in again, in
     memory the ps has not touched yet."""
     sizes = [ids.size + gone.size for ids, gone in zip(put, removed, strict=True)]
-    seen = IdSet(max(sizes, default=0) if at_most is None else min(sum(sizes), at_most))
+    seen = IdIndex(max(1, max(sizes, default=0) if at_most is None else min(sum(sizes), at_most)))
     keep = []
     for ids, gone in zip(reversed(put), reversed(removed), strict=True):
-        kept = ~seen.has(ids)
+        kept = ~has(seen, ids)
         keep.append(kept)
-        seen.add(ids[kept])
+        _add(seen, ids[kept])
         if gone.size:  # (after its own puts: an id it removed then put is counted once)
             gone = np.unique(gone)
-            seen.add(gone[~seen.has(gone)])
+            _add(seen, gone[~has(seen, gone)])
     return keep[::-1], seen
 
 
-#: Ids a check of a base's ids (:func:`_repeats`) takes at a time: a restore's base holds
+def has(index: IdIndex, ids: np.ndarray) -> np.ndarray:
+    """Whether each of ``ids`` is in ``index``, looked up ``CHECK_BLOCK`` at a time (a base's
+    ids are tens of millions: a row for each of them all at once is a temporary array that
+    size)."""
+    found = np.empty(ids.size, bool)
+    for lo in range(0, ids.size, CHECK_BLOCK):
+        np.greater_equal(index.get(ids[lo : lo + CHECK_BLOCK]), 0, out=found[lo : lo + CHECK_BLOCK])
+    return found
+
+
+def _add(index: IdIndex, ids: np.ndarray) -> None:
+    """Put ``ids`` (distinct, none in ``index`` yet) in, their rows 0."""
+    index.insert(ids, np.zeros(ids.size, np.int64))
+
+
+#: Ids a check of a base's ids (:func:`has`, :func:`_repeats`) takes at a time: a restore's base holds
 #: tens of millions, and each temporary array of them all is memory the ps has not touched
 #: yet, which costs more on first use than the check itself.
 CHECK_BLOCK = 1 << 20
@@ -588,7 +604,7 @@ def read_table_plan(
     for parts, part_init in base_parts:
         slot_init.update(part_init)
         for part in parts:  # its rows no delta put again or removed
-            gone = seen.has(part.ids)
+            gone = has(seen, part.ids)
             keep = part.keep & ~gone
             ids = part.ids if not gone.any() and keep.all() else part.ids[keep]  # (no copy of them all)
             base.append(part._replace(keep=keep, ids=ids))

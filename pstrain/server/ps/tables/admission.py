@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...._formats.numerics.idhash import unit_uniform
-from .id_index import IdIndex
+from ...._kernels.id_index import IdIndex
 
 if TYPE_CHECKING:
     from .table_config import TableConfig

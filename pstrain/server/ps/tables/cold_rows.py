@@ -42,10 +42,10 @@ import numpy as np
 
 from ...._base.errors import InvalidArgumentError, ResourceExhaustedError
 from ...._kernels import KERNELS
+from ...._kernels.id_index import PartitionedIndex
 from .cold_places import PLACE_BITS, MaskedPlaces, Places, SavedPlaces, place_blocks
 from .cold_records import META, copy_field, field_cells, pack_records, scatter_cells
 from .cold_segments import Segment, SegmentFiles, remove_soon
-from .id_index import PartitionedIndex
 
 __all__ = ["ColdRows", "resize_rows"]
 

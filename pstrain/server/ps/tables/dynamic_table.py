@@ -42,10 +42,10 @@ import numpy as np
 from ...._base.errors import InvalidArgumentError
 from ...._formats.numerics.idhash import row_hash
 from ...._kernels import KERNELS
+from ...._kernels.id_index import IdIndex
 from ..checkpoints.snapshots import BLOCK_BYTES
 from ..store import ChangeClock, Snapshot
 from .admission import Admission
-from .id_index import IdIndex
 from .removed_log import RemovedLog
 from .table_config import TableConfig
 from .table_slices import SlicedRows

@@ -29,8 +29,8 @@ from ..store import VariableStore
 from .moved_records import PulledToRam, as_columns
 
 if TYPE_CHECKING:
+    from ...._kernels.id_index import IdIndex
     from ..store import ChangeClock, Snapshot
-    from .id_index import IdIndex
     from .removed_log import RemovedLog
     from .table_config import TableConfig
 

@@ -23,9 +23,9 @@ import numpy as np
 
 from ...._base.errors import FailedPreconditionError, InvalidArgumentError, ResourceExhaustedError
 from ...._formats.numerics.idhash import in_slices
+from ...._kernels.id_index import IdIndex
 from .cold_records import META, copy_field, pack_records
 from .cold_rows import ColdRows
-from .id_index import IdIndex
 from .moved_records import checked_records, kept_records, records_of
 from .table_slices import SlicedRows
 

@@ -46,13 +46,13 @@ import numpy as np
 
 from ...._base.errors import InvalidArgumentError, ResourceExhaustedError
 from ...._formats.files.direct_writes import ALIGN, CHUNK
+from ...._kernels.id_index import IdIndex
 from ..checkpoints.snapshots import Snapshot
 from ..store import ChangeClock
 from .cold_places import MaskedPlaces
 from .cold_records import META, scatter_rows
 from .cold_rows import ColdRows, resize_rows
 from .dynamic_table import EVICT_BATCH, DynamicTable, Found
-from .id_index import IdIndex
 from .table_config import TableConfig
 from .tiered_saves import SAVE_BLOCK, ColdPart, TieredSource
 from .tiered_slices import TieredSlices

@@ -30,7 +30,7 @@ from types import ModuleType
 
 import numpy as np
 
-from ...._kernels import KERNELS
+from . import KERNELS
 
 __all__ = ["CompactIdIndex", "IdIndex", "PartitionedIndex"]
 
