@@ -30,8 +30,8 @@ import numpy as np
 
 from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
-from .._kernels.batches import take_bags, take_examples
-from .._training.elements import BAGS, COMPONENT_CONVERTERS, SPARSE
+from .._kernels.batches import interleave_bags, take_bags, take_examples, take_keyed_bags
+from .._training.elements import BAGS, COMPONENT_CONVERTERS, ROW_SOURCES, SPARSE
 
 __all__ = ["JaggedTensor", "KeyedJaggedTensor", "SparseTensor", "as_jagged", "as_numpy"]
 
@@ -656,5 +656,114 @@ class KeyedJaggedTensor:
     def __repr__(self) -> str:
         return f"KeyedJaggedTensor(keys={self._keys}, stride={self._stride})"
 
+
+#: Examples :class:`ExampleMajorBags` lays out at a time, every feature's bags of them.
+INTERLEAVE_BLOCK = 4096
+
+
+class ExampleMajorBags:
+    """A :class:`KeyedJaggedTensor`'s examples kept example by example: each example's bags
+    of every feature side by side in one array, what ``Dataset.from_tensor_slices`` slices a
+    KeyedJaggedTensor from. :meth:`take` gives the same KeyedJaggedTensor as the original's
+    ``take``. A batch drawn at random (a shuffled dataset) then waits on a cache miss or two
+    an example rather than two a bag of every feature: W8's 13 multi-hot features, 2,048
+    examples drawn from a million, took 0.3 to 0.4 ms a batch kept so against 1.6 feature by
+    feature. Made by :meth:`of`, which copies the ids (and weights) once."""
+
+    __slots__ = ("_keys", "_values", "_offsets", "_lengths", "_weights", "_weighted", "_widths")
+
+    @classmethod
+    def of(cls, kjt: KeyedJaggedTensor) -> ExampleMajorBags | KeyedJaggedTensor:
+        """``kjt`` kept example by example; ``kjt`` itself where that would not pay or cannot
+        hold it in one array: fewer than two features or no examples, or features whose ids
+        (or weights) differ in dtype."""
+        feats = [kjt[k] for k in kjt.keys()]
+        if (
+            len(feats) < 2
+            or not kjt.stride()
+            or len({f.values.dtype for f in feats}) != 1
+            or feats[0].values.dtype.hasobject
+            or len({f.weights.dtype for f in feats if f.weights is not None}) > 1
+            or max(int(f.lengths.max()) for f in feats) > np.iinfo(np.int32).max
+        ):
+            return kjt
+        return cls(kjt)
+
+    def __init__(self, kjt: KeyedJaggedTensor) -> None:
+        """(Through :meth:`of`, which says which ``kjt`` it can hold.)"""
+        self._keys = kjt.keys()
+        feats = [kjt[k] for k in self._keys]
+        self._lengths = np.empty((kjt.stride(), len(feats)), np.int32)
+        for i, f in enumerate(feats):
+            self._lengths[:, i] = f.lengths
+        self._offsets = np.zeros(kjt.stride() + 1, np.int64)
+        np.cumsum(self._lengths.sum(1, dtype=np.int64), out=self._offsets[1:])
+        self._values = self._interleaved([f.values for f in feats], feats, feats[0].values.dtype)
+        self._weighted = [f.weights is not None for f in feats]
+        self._weights: np.ndarray | None = None
+        if any(self._weighted):
+            dtype = next(f.weights.dtype for f in feats if f.weights is not None)
+            ones = [np.ones(f.values.size, dtype) if f.weights is None else f.weights for f in feats]
+            self._weights = self._interleaved(ones, feats, dtype)
+        # a feature whose every bag is as long keeps that width in its batches (single-hot: 1)
+        self._widths = [_UNKNOWN if f.width() is None else f.width() for f in feats]
+
+    def _interleaved(self, arrays: list[np.ndarray], feats: list[JaggedTensor], dtype: Any) -> np.ndarray:
+        """``arrays`` (one a feature, its bags those of ``feats``) example by example, a block
+        of examples at a time: the block's part of the result stays in the cache while every
+        feature's bags go into it (a feature at a time over all of them took 1.1 s for W8's
+        million examples)."""
+        out = np.empty(int(self._offsets[-1]), dtype)
+        cursor = self._offsets[:-1].copy()
+        arrays = [np.ascontiguousarray(a, dtype) for a in arrays]
+        for lo in range(0, cursor.size, INTERLEAVE_BLOCK):
+            hi = min(lo + INTERLEAVE_BLOCK, cursor.size)
+            for a, f in zip(arrays, feats):
+                interleave_bags(a, f.offsets[lo : hi + 1], out, cursor[lo:hi])
+        return out
+
+    def keys(self) -> list[str]:
+        return list(self._keys)
+
+    def __len__(self) -> int:
+        return self._offsets.size - 1
+
+    def take(self, rows: Any) -> KeyedJaggedTensor:
+        """The examples ``rows``, as :meth:`KeyedJaggedTensor.take` gives them."""
+        idx = _rows(rows, len(self), "KeyedJaggedTensor")
+        out_offsets = np.empty((len(self._keys), idx.size + 1), np.int64)
+        values = take_keyed_bags(self._values, self._offsets, self._lengths, idx, out_offsets)
+        weights = (
+            [None] * len(values)
+            if self._weights is None
+            else take_keyed_bags(self._weights, self._offsets, self._lengths, idx, np.empty_like(out_offsets))
+        )
+        features = {}
+        for f, key in enumerate(self._keys):
+            jt = JaggedTensor.__new__(JaggedTensor)
+            jt.values = values[f]
+            jt.offsets = out_offsets[f]
+            jt.weights = weights[f] if self._weighted[f] else None
+            jt._width = self._widths[f]  # noqa: SLF001 - this module's own
+            features[key] = jt
+        out = KeyedJaggedTensor.__new__(KeyedJaggedTensor)
+        out._keys = list(self._keys)  # noqa: SLF001 - this module's own
+        out._stride = idx.size  # noqa: SLF001
+        out._features = features  # noqa: SLF001
+        return out
+
+    concat_rows = staticmethod(KeyedJaggedTensor.concat_rows)
+
+    def __repr__(self) -> str:
+        return f"ExampleMajorBags(keys={self._keys}, examples={len(self)})"
+
+
+def _by_example(component: Any) -> Any:
+    """A ``from_tensor_slices`` component kept as its rows are best taken: a
+    KeyedJaggedTensor example by example (:class:`ExampleMajorBags`); None for others."""
+    return ExampleMajorBags.of(component) if isinstance(component, KeyedJaggedTensor) else None
+
+
+ROW_SOURCES.append(_by_example)
 
 expose(globals(), "pstrain")

@@ -8,6 +8,9 @@ DEF POOL_AHEAD = 16
 #: Bags (or examples) ahead whose memory a dataset's batch asks for: a bag is a few ids,
 #: two cache misses (its offsets, then its values) that more bags in flight hide.
 DEF BAG_AHEAD = 24
+#: A dataset's batch copies a bag of up to this many bytes as this many, whatever its length
+#: (a bag of a few ids: one copy the compiler unrolls, where a loop of its length mispredicts).
+DEF SHORT_BAG = 32
 
 
 def pool_bags(real[:, ::1] out, const int64_t[::1] offsets, const real[:, ::1] src,
@@ -163,6 +166,117 @@ def take_bags(
             r = rows[i]
             _copy_items(&o[out_offsets[i] * itemsize], &values[offsets[r] * itemsize], offsets[r + 1] - offsets[r], itemsize)
     return out
+
+
+def take_keyed_bags(
+    const uint8_t[::1] values,
+    Py_ssize_t itemsize,
+    const int64_t[::1] offsets,
+    const int32_t[:, ::1] lengths,
+    const int64_t[::1] rows,
+    int64_t[:, ::1] out_offsets,
+    int64_t[::1] out_starts,
+):
+    """Examples ``rows`` of many features kept example by example (``values``: the bytes of
+    every example's bags side by side, feature after feature, example ``r``'s from item
+    ``offsets[r]``; ``lengths[r, f]``: its bag of feature ``f``), feature by feature:
+    returns an array holding each feature's ids for ``rows`` end to end, feature ``f``'s
+    from item ``out_starts[f]``, with its bags' offsets (from 0) in its row of
+    ``out_offsets`` (``(features, rows + 1)``). An example's bags are one run of memory,
+    asked for :data:`BAG_AHEAD` examples before: a batch drawn at random waits on a cache
+    miss or two an example, not two a bag of each feature. A bag of up to
+    :data:`SHORT_BAG` bytes is copied as that many (one branch-free copy, not a loop of its
+    length): each feature's ids are followed by that many bytes of room."""
+    cdef Py_ssize_t i, f, r, n = rows.shape[0], examples = offsets.shape[0] - 1
+    cdef Py_ssize_t features = lengths.shape[1], total = 0, size, at, room, dst, end = values.shape[0]
+    cdef int64_t run
+    cdef bint bad = False, bad_lengths = False
+    if out_offsets.shape[0] != features or out_offsets.shape[1] != n + 1 or out_starts.shape[0] != features:
+        raise ValueError("take_keyed_bags: out_offsets is not (features, rows + 1), or out_starts "
+                         "not one a feature")
+    if itemsize <= 0 or values.shape[0] % itemsize or lengths.shape[0] != examples:
+        raise ValueError("take_keyed_bags: values are not a whole number of items, or the "
+                         "lengths are not one row an example")
+    room = (SHORT_BAG + itemsize - 1) // itemsize  # items after each feature's
+    with nogil:
+        for f in range(features):
+            out_offsets[f, 0] = 0
+        for i in range(n):
+            if i + BAG_AHEAD < n and 0 <= rows[i + BAG_AHEAD] < examples:
+                __builtin_prefetch(&offsets[rows[i + BAG_AHEAD]])
+                __builtin_prefetch(&lengths[rows[i + BAG_AHEAD], 0])
+            r = rows[i]
+            if r < 0 or r >= examples:
+                bad = True
+                break
+            run = 0
+            for f in range(features):
+                if lengths[r, f] < 0:
+                    bad_lengths = True
+                run += lengths[r, f]
+                out_offsets[f, i + 1] = out_offsets[f, i] + lengths[r, f]
+            if bad_lengths or offsets[r] < 0 or offsets[r + 1] - offsets[r] != run \
+                    or offsets[r + 1] * itemsize > end:
+                bad_lengths = True
+                break
+        if not bad and not bad_lengths:
+            for f in range(features):
+                out_starts[f] = total
+                total += out_offsets[f, n] + room
+    if bad:
+        raise IndexError("take_keyed_bags: an example outside the batch")
+    if bad_lengths:
+        raise IndexError("take_keyed_bags: an example's lengths do not match its offsets")
+    out = np.empty(total * itemsize, np.uint8)
+    cdef uint8_t[::1] o = out
+    if n == 0:
+        return out
+    with nogil:
+        for i in range(n):
+            if i + BAG_AHEAD < n:
+                r = rows[i + BAG_AHEAD]
+                _prefetch(<const char*>&values[0] + offsets[r] * itemsize, (offsets[r + 1] - offsets[r]) * itemsize)
+            r = rows[i]
+            at = offsets[r] * itemsize
+            for f in range(features):
+                size = lengths[r, f] * itemsize
+                dst = (out_starts[f] + out_offsets[f, i]) * itemsize
+                if size <= SHORT_BAG and at + SHORT_BAG <= end:
+                    memcpy(&o[dst], &values[at], SHORT_BAG)  # (the room after takes the rest)
+                elif size:
+                    _copy_items(&o[dst], &values[at], lengths[r, f], itemsize)
+                at += size
+    return out
+
+
+def interleave_bags(
+    const uint8_t[::1] values, Py_ssize_t itemsize, const int64_t[::1] offsets,
+    uint8_t[::1] out, int64_t[::1] cursor,
+):
+    """One feature's bags (``values``: their bytes, bag ``b`` from item ``offsets[b]``) into
+    ``out``, an array of every example's bags side by side: bag ``b`` at item ``cursor[b]``,
+    which moves past it (the next feature's bag of that example goes there). The layout
+    :func:`take_keyed_bags` takes batches from, made a feature at a time."""
+    cdef Py_ssize_t b, n = offsets.shape[0] - 1, size
+    cdef bint bad = False
+    if cursor.shape[0] != n or itemsize <= 0 or values.shape[0] % itemsize or out.shape[0] % itemsize:
+        raise ValueError("interleave_bags: cursor is not one an example, or values or out are "
+                         "not a whole number of items")
+    with nogil:
+        for b in range(n):
+            size = offsets[b + 1] - offsets[b]
+            if size < 0 or offsets[b] < 0 or offsets[b + 1] * itemsize > values.shape[0] \
+                    or cursor[b] < 0 or (cursor[b] + size) * itemsize > out.shape[0]:
+                bad = True
+                break
+        if not bad:
+            for b in range(n):
+                size = offsets[b + 1] - offsets[b]
+                if size:
+                    _copy_items(&out[cursor[b] * itemsize], &values[offsets[b] * itemsize], size, itemsize)
+                    cursor[b] += size
+    if bad:
+        raise IndexError("interleave_bags: a bag outside its values or out")
 
 
 def shuffle_through(int64_t[::1] buf, const int64_t[::1] incoming, const double[::1] draws,

@@ -53,8 +53,10 @@ __all__ = [
     "distinct",
     "merge_duplicates",
     "sum_into",
+    "interleave_bags",
     "take_bags",
     "take_examples",
+    "take_keyed_bags",
     "take_rows",
 ]
 
@@ -188,3 +190,23 @@ def take_bags(
         return values[KERNELS.bag_positions(offsets, rows, out_offsets)]
     got = KERNELS.take_bags(values.view(np.uint8), values.itemsize, offsets, rows, out_offsets)
     return got.view(values.dtype)
+
+
+def take_keyed_bags(
+    values: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, rows: np.ndarray, out_offsets: np.ndarray
+) -> list[np.ndarray]:
+    """Examples ``rows`` of features kept example by example (``values`` 1-D and contiguous,
+    example ``r``'s bags from ``offsets[r]``, ``lengths[r, f]`` ids of feature ``f``), feature
+    by feature: each feature's ids (views of one array), its bag offsets (from 0) into its
+    row of ``out_offsets``."""
+    starts = np.empty(lengths.shape[1], np.int64)
+    got = KERNELS.take_keyed_bags(
+        values.view(np.uint8), values.itemsize, offsets, lengths, rows, out_offsets, starts
+    ).view(values.dtype)
+    return [got[s : s + n] for s, n in zip(starts.tolist(), out_offsets[:, -1].tolist())]
+
+
+def interleave_bags(values: np.ndarray, offsets: np.ndarray, out: np.ndarray, cursor: np.ndarray) -> None:
+    """One feature's bags (``values`` 1-D and contiguous, bag ``b`` from ``offsets[b]``) into
+    ``out``, of the same dtype, bag ``b`` at ``cursor[b]``, which moves past it."""
+    KERNELS.interleave_bags(values.view(np.uint8), values.itemsize, offsets, out.view(np.uint8), cursor)

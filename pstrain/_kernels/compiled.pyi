@@ -29,6 +29,18 @@ def bag_positions(offsets: np.ndarray, rows: np.ndarray, out_offsets: np.ndarray
 def take_bags(
     values: np.ndarray, itemsize: int, offsets: np.ndarray, rows: np.ndarray, out_offsets: np.ndarray
 ) -> np.ndarray: ...
+def take_keyed_bags(
+    values: np.ndarray,
+    itemsize: int,
+    offsets: np.ndarray,
+    lengths: np.ndarray,
+    rows: np.ndarray,
+    out_offsets: np.ndarray,
+    out_starts: np.ndarray,
+) -> np.ndarray: ...
+def interleave_bags(
+    values: np.ndarray, itemsize: int, offsets: np.ndarray, out: np.ndarray, cursor: np.ndarray
+) -> None: ...
 def shuffle_through(buf: np.ndarray, incoming: np.ndarray, draws: np.ndarray, out: np.ndarray) -> None: ...
 def take_fixed(src: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None: ...
 def pool_bags(

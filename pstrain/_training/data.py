@@ -49,6 +49,7 @@ from .elements import (
     leaves_len,
     padded,
     ragged,
+    row_source,
     rows_of,
     sparse,
     stack,
@@ -261,7 +262,7 @@ class Dataset:
         TF's) is sliced as the :class:`~pstrain.JaggedTensor` of its rows."""
         source = to_arrays(tensors)
         n = leaves_len(source)
-        return Dataset._slices(source, row_indices.rows(n), n)
+        return Dataset._slices(row_source(source), row_indices.rows(n), n)
 
     @staticmethod
     def _slices(source: Any, indices: Blocks, cardinality: int) -> Dataset:

@@ -17,12 +17,14 @@ __all__ = [
     "BAGS",
     "COMPONENT_CONVERTERS",
     "SPARSE",
+    "ROW_SOURCES",
     "OneStructure",
     "first_dimension",
     "is_jagged",
     "leaves_len",
     "padded",
     "ragged",
+    "row_source",
     "rows_of",
     "sparse",
     "stack",
@@ -58,6 +60,9 @@ def leaves_len(structure: Any, what: str = "from_tensor_slices") -> int:
 #: Turn a component of a type defined above this layer into one that slices by rows (a
 #: SparseTensor or RaggedTensor, pstrain's or TF's, into a ``JaggedTensor``), or return None.
 COMPONENT_CONVERTERS: list[Callable[[Any], Any]] = []
+#: Turn a batch of bags that ``from_tensor_slices`` slices into what takes its rows as the
+#: same type faster (a ``KeyedJaggedTensor`` kept example by example), or return None.
+ROW_SOURCES: list[Callable[[Any], Any]] = []
 #: The type of a batch of bags of ids, ``(values, lengths)``: ``JaggedTensor`` (``ragged_batch``).
 BAGS: list[Callable[[np.ndarray, np.ndarray], Any]] = []
 #: The type of a SparseTensor, ``(indices, values, dense_shape)``: ``SparseTensor`` (``sparse_batch``).
@@ -82,6 +87,21 @@ def to_arrays(structure: Any) -> Any:
             "from_tensor_slices: a component's rows differ in length; give it as a "
             "pstrain.JaggedTensor (or a RaggedTensor, pstrain's or TF's), whose rows are bags"
         ) from None
+
+
+def row_source(structure: Any) -> Any:
+    """``structure`` (of :func:`to_arrays`) with each batch of bags in it made the source
+    ``from_tensor_slices`` takes rows from (:data:`ROW_SOURCES`)."""
+    if isinstance(structure, dict):
+        return {k: row_source(v) for k, v in structure.items()}
+    if isinstance(structure, tuple):
+        return tuple(row_source(v) for v in structure)
+    if is_jagged(structure):
+        for convert in ROW_SOURCES:
+            converted = convert(structure)
+            if converted is not None:
+                return converted
+    return structure
 
 
 def take(structure: Any, index: Any) -> Any:

@@ -11,7 +11,8 @@ import random
 import numpy as np
 import pytest
 
-from pstrain import JaggedTensor
+from pstrain import JaggedTensor, KeyedJaggedTensor
+from pstrain._embeddings.jagged import ExampleMajorBags
 from pstrain.data import Dataset, Options, TensorSpec
 from pstrain.errors import InvalidArgumentError
 
@@ -94,10 +95,13 @@ def _random_op(rng: random.Random) -> tuple:
     return (kind,)
 
 
+@pytest.mark.parametrize("features", ["jagged", "keyed"])
 @pytest.mark.parametrize("source", ["slices", "generator"])
-def test_random_pipelines_give_what_the_same_steps_give_on_a_list(source):
-    """Each example is a number and a bag of ids (``JaggedTensor``); every pipeline's
-    elements are the reference's, each with its own bag, iterated twice."""
+def test_random_pipelines_give_what_the_same_steps_give_on_a_list(source, features):
+    """Each example is a number and a bag of ids (``JaggedTensor``), or two features of bags
+    (a ``KeyedJaggedTensor``, which ``from_tensor_slices`` keeps example by example: one of
+    bags, one single-hot and weighted); every pipeline's elements are the reference's, each
+    with its own bags, iterated twice."""
     for seed in range(150):
         rng = random.Random(seed)
         n = rng.randrange(0, 25)
@@ -105,6 +109,11 @@ def test_random_pipelines_give_what_the_same_steps_give_on_a_list(source):
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         values = np.arange(int(lengths.sum()), dtype=np.int64) * 10
         bags = JaggedTensor(values, lengths)
+        if features == "keyed":
+            one = JaggedTensor.from_dense(
+                np.arange(n).reshape(n, 1) * 3, weights=np.arange(n).reshape(n, 1) / 2
+            )
+            bags = KeyedJaggedTensor.from_jt_dict({"ids": bags, "one": one})
         if source == "slices":
             ds = Dataset.from_tensor_slices((np.arange(n, dtype=np.int64), bags))
         else:
@@ -119,7 +128,51 @@ def test_random_pipelines_give_what_the_same_steps_give_on_a_list(source):
             got = list(ds)
             assert [int(a) for a, _ in got] == want, (seed, ops)
             for a, bag in got:
-                np.testing.assert_array_equal(bag.values, values[offsets[int(a)] : offsets[int(a) + 1]])
+                ids = bag["ids"] if features == "keyed" else bag
+                np.testing.assert_array_equal(ids.values, values[offsets[int(a)] : offsets[int(a) + 1]])
+                if features == "keyed":
+                    assert bag["one"].values.tolist() == [3 * int(a)] and bag["one"].width() == 1
+                    assert bag["one"].weights.tolist() == [int(a) / 2] and bag["ids"].weights is None
+
+
+def test_a_shuffled_dataset_of_keyed_features_batches_what_the_features_own_take_gives():
+    """``from_tensor_slices`` keeps a KeyedJaggedTensor's examples side by side (one run of
+    memory an example, for batches drawn at random); its batches are what the features' own
+    ``take`` gives for the same examples: ids of every dtype, weights where a feature has
+    them, single-hot widths, bags longer than a short copy. Features whose ids differ in
+    dtype are kept as given, and batch as well."""
+    rng = np.random.default_rng(4)
+    n = 300
+    for dtype in (np.int32, np.int64, np.uint16):
+        lengths = rng.integers(0, 25, n)
+        feats = {
+            "bags": JaggedTensor(rng.integers(0, 1000, lengths.sum()).astype(dtype), lengths),
+            "one": JaggedTensor.from_dense(rng.integers(0, 9, (n, 1)).astype(dtype)),
+            "weighted": JaggedTensor(
+                rng.integers(0, 50, 2 * n).astype(dtype), np.full(n, 2), weights=rng.random(2 * n)
+            ),
+        }
+        kjt = KeyedJaggedTensor.from_jt_dict(feats)
+        assert isinstance(ExampleMajorBags.of(kjt), ExampleMajorBags)
+        order = np.concatenate(list(Dataset.from_tensor_slices(np.arange(n)).shuffle(n, seed=9).batch(64)))
+        batches = list(Dataset.from_tensor_slices(kjt).shuffle(n, seed=9).batch(64))
+        assert sum(b.stride() for b in batches) == n
+        at = 0
+        for batch in batches:
+            want = kjt.take(order[at : at + batch.stride()])
+            at += batch.stride()
+            assert batch.keys() == want.keys()
+            for key in want.keys():
+                assert batch[key] == want[key] and batch[key].values.dtype == np.dtype(dtype)
+            assert batch["one"].width() == 1 and batch["bags"].weights is None
+    mixed = KeyedJaggedTensor.from_jt_dict(
+        {"a": JaggedTensor(np.arange(4, dtype=np.int32), [1, 3]), "b": JaggedTensor(np.arange(2), [2, 0])}
+    )
+    assert ExampleMajorBags.of(mixed) is mixed
+    (batch,) = Dataset.from_tensor_slices(mixed).batch(2)
+    assert batch["a"] == mixed["a"] and batch["b"] == mixed["b"]
+    with pytest.raises(IndexError, match="KeyedJaggedTensor: row index out of range"):  # as its own take
+        ExampleMajorBags.of(kjt).take([n])
 
 
 def test_skip_takes_minus_one_for_everything_and_refuses_less():

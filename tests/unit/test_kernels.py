@@ -1009,6 +1009,73 @@ def test_a_batchs_bag_positions_are_the_same_compiled_and_in_numpy(lengths, data
             impl.bag_positions(offsets, np.array([len(lengths)], np.int64), np.empty(2, np.int64))
 
 
+@settings(max_examples=100, deadline=None)
+@given(
+    shape=st.tuples(st.integers(1, 30), st.integers(1, 5)),
+    itemsize=st.sampled_from([1, 2, 4, 8, 12]),
+    long_bags=st.booleans(),
+    data=st.data(),
+)
+def test_examples_kept_by_example_are_taken_feature_by_feature_the_same_compiled_and_in_numpy(
+    shape, itemsize, long_bags, data
+):
+    """``interleave_bags`` lays out every feature's bags example by example, and
+    ``take_keyed_bags`` takes examples back feature by feature: each feature's ids are the
+    ones its own ``take_bags`` gives, compiled and in numpy; bags short enough for the
+    compiled kernel's one fixed copy and longer ones, up to the last item of the array."""
+    n, features = shape
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
+    lengths = rng.integers(0, 12 if long_bags else 3, (n, features)).astype(np.int32)
+    items = [
+        rng.integers(0, 256, (int(lengths[:, f].sum()), itemsize), dtype=np.uint8) for f in range(features)
+    ]
+    feature_offsets = [
+        np.concatenate([[0], np.cumsum(lengths[:, f])]).astype(np.int64) for f in range(features)
+    ]
+    offsets = np.concatenate([[0], np.cumsum(lengths.sum(1))]).astype(np.int64)
+    rows = np.array(data.draw(st.lists(st.integers(0, n - 1), max_size=40)), np.int64)
+    for impl in (compiled, reference):
+        laid = np.zeros(int(offsets[-1]) * itemsize, np.uint8)
+        cursor = offsets[:-1].copy()
+        for f in range(features):
+            impl.interleave_bags(items[f].reshape(-1), itemsize, feature_offsets[f], laid, cursor)
+        np.testing.assert_array_equal(cursor, offsets[1:])
+        out_offsets, starts = np.empty((features, rows.size + 1), np.int64), np.empty(features, np.int64)
+        got = impl.take_keyed_bags(laid, itemsize, offsets, lengths, rows, out_offsets, starts)
+        for f in range(features):
+            want_offsets = np.empty(rows.size + 1, np.int64)
+            want = reference.take_bags(items[f].reshape(-1), itemsize, feature_offsets[f], rows, want_offsets)
+            np.testing.assert_array_equal(out_offsets[f], want_offsets)
+            at = int(starts[f]) * itemsize
+            np.testing.assert_array_equal(got[at : at + want.size], want)
+        with pytest.raises(IndexError, match="outside the batch"):
+            impl.take_keyed_bags(
+                laid,
+                itemsize,
+                offsets,
+                lengths,
+                np.array([n], np.int64),
+                np.empty((features, 2), np.int64),
+                starts,
+            )
+        wrong = lengths.copy()
+        wrong[0, 0] += 1
+        with pytest.raises(IndexError, match="do not match its offsets"):
+            impl.take_keyed_bags(
+                laid,
+                itemsize,
+                offsets,
+                wrong,
+                np.array([0], np.int64),
+                np.empty((features, 2), np.int64),
+                starts,
+            )
+        with pytest.raises(IndexError, match="outside its values or out"):
+            impl.interleave_bags(
+                items[0].reshape(-1), itemsize, feature_offsets[0], laid, offsets[1:].copy() + 1
+            )
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     picks=st.lists(st.integers(0, 199), max_size=60),

@@ -14,7 +14,15 @@ kernels are chosen as a whole.
 from __future__ import annotations
 
 from .aligned_memory import aligned_allocations
-from .bags import bag_positions, pool_bags, shuffle_through, take_bags, take_fixed
+from .bags import (
+    bag_positions,
+    interleave_bags,
+    pool_bags,
+    shuffle_through,
+    take_bags,
+    take_fixed,
+    take_keyed_bags,
+)
 from .distinct_ids import argsort_stable, id_span, shard_ids, unique_first, unique_in_span, unique_sorted
 from .id_index import (
     absent,
@@ -57,6 +65,7 @@ __all__ = [
     "argsort_stable",
     "as_created",
     "bag_positions",
+    "interleave_bags",
     "cached_records",
     "compact_delete",
     "compact_get",
@@ -95,6 +104,7 @@ __all__ = [
     "stamp_rows",
     "take_bags",
     "take_fixed",
+    "take_keyed_bags",
     "tfrecord_split",
     "unique_first",
     "unique_in_span",

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["bag_positions", "pool_bags", "shuffle_through", "take_bags", "take_fixed"]
+__all__ = [
+    "bag_positions",
+    "interleave_bags",
+    "pool_bags",
+    "shuffle_through",
+    "take_bags",
+    "take_fixed",
+    "take_keyed_bags",
+]
 
 
 def bag_positions(offsets: np.ndarray, rows: np.ndarray, out_offsets: np.ndarray) -> np.ndarray:
@@ -32,6 +40,70 @@ def take_bags(
         raise IndexError("take_bags: a bag's offsets outside its values")
     pos = bag_positions(offsets, rows, out_offsets)
     return values.reshape(-1, itemsize)[pos].reshape(-1)
+
+
+def take_keyed_bags(
+    values: np.ndarray,
+    itemsize: int,
+    offsets: np.ndarray,
+    lengths: np.ndarray,
+    rows: np.ndarray,
+    out_offsets: np.ndarray,
+    out_starts: np.ndarray,
+) -> np.ndarray:
+    features = lengths.shape[1]
+    if out_offsets.shape != (features, rows.size + 1) or out_starts.shape != (features,):
+        raise ValueError(
+            "take_keyed_bags: out_offsets is not (features, rows + 1), or out_starts not one a feature"
+        )
+    if itemsize <= 0 or values.size % itemsize or lengths.shape[0] != offsets.size - 1:
+        raise ValueError(
+            "take_keyed_bags: values are not a whole number of items, or the lengths are not one "
+            "row an example"
+        )
+    if rows.size and (rows.min() < 0 or rows.max() >= offsets.size - 1):
+        raise IndexError("take_keyed_bags: an example outside the batch")
+    got = lengths[rows].astype(np.int64)
+    if rows.size and (
+        got.min() < 0
+        or offsets[rows].min() < 0
+        or not np.array_equal(got.sum(1), offsets[rows + 1] - offsets[rows])
+        or offsets[rows + 1].max() * itemsize > values.size
+    ):
+        raise IndexError("take_keyed_bags: an example's lengths do not match its offsets")
+    out_offsets[:, 0] = 0
+    np.cumsum(got.T, axis=1, out=out_offsets[:, 1:])
+    out_starts[:] = np.cumsum(out_offsets[:, -1]) - out_offsets[:, -1]
+    # each feature's bags start where the example's bags before it end
+    within = offsets[rows][:, None] + np.cumsum(got, axis=1) - got  # (rows, features)
+    items = values.reshape(-1, itemsize)
+    parts = [np.zeros((0, itemsize), np.uint8)]
+    for f in range(features):
+        o = out_offsets[f]
+        parts.append(items[np.repeat(within[:, f] - o[:-1], got[:, f]) + np.arange(o[-1])])
+    return np.concatenate(parts).reshape(-1)
+
+
+def interleave_bags(
+    values: np.ndarray, itemsize: int, offsets: np.ndarray, out: np.ndarray, cursor: np.ndarray
+) -> None:
+    n = offsets.size - 1
+    if cursor.size != n or itemsize <= 0 or values.size % itemsize or out.size % itemsize:
+        raise ValueError(
+            "interleave_bags: cursor is not one an example, or values or out are not a whole number of items"
+        )
+    sizes = np.diff(offsets)
+    if n and (
+        sizes.min() < 0
+        or offsets.min() < 0
+        or offsets.max() * itemsize > values.size
+        or cursor.min() < 0
+        or ((cursor + sizes) * itemsize).max() > out.size
+    ):
+        raise IndexError("interleave_bags: a bag outside its values or out")
+    dst = np.repeat(cursor - offsets[:-1], sizes) + np.arange(offsets[0], offsets[-1])
+    out.reshape(-1, itemsize)[dst] = values.reshape(-1, itemsize)[offsets[0] : offsets[-1]]
+    cursor += sizes
 
 
 def shuffle_through(buf: np.ndarray, incoming: np.ndarray, draws: np.ndarray, out: np.ndarray) -> None:
