@@ -715,9 +715,6 @@ class ExampleMajorBags:
             interleave_bags(np.ascontiguousarray(a, dtype), f.offsets, out, cursor)
         return out
 
-    def keys(self) -> list[str]:
-        return list(self._keys)
-
     def __len__(self) -> int:
         return self._offsets.size - 1
 
