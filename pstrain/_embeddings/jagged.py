@@ -680,20 +680,24 @@ class ExampleMajorBags:
             or len({f.values.dtype for f in feats}) != 1
             or feats[0].values.dtype.hasobject
             or len({f.weights.dtype for f in feats if f.weights is not None}) > 1
-            or max(int(f.lengths.max()) for f in feats) > np.iinfo(np.int32).max
         ):
             return kjt
-        return cls(kjt)
+        lengths = np.empty((kjt.stride(), len(feats)), np.int32)  # (an example's bag of a feature)
+        for i, f in enumerate(feats):
+            bags = f.lengths
+            if int(bags.max()) > np.iinfo(np.int32).max:
+                return kjt
+            lengths[:, i] = bags
+        return cls(kjt, lengths)
 
-    def __init__(self, kjt: KeyedJaggedTensor) -> None:
-        """(Through :meth:`of`, which says which ``kjt`` it can hold.)"""
+    def __init__(self, kjt: KeyedJaggedTensor, lengths: np.ndarray) -> None:
+        """(Through :meth:`of`, which says which ``kjt`` it can hold and gives its bags'
+        ``lengths``, an example a row.)"""
         self._keys = kjt.keys()
         feats = [kjt[k] for k in self._keys]
-        self._lengths = np.empty((kjt.stride(), len(feats)), np.int32)
-        for i, f in enumerate(feats):
-            self._lengths[:, i] = f.lengths
+        self._lengths = lengths
         self._offsets = np.zeros(kjt.stride() + 1, np.int64)
-        np.cumsum(self._lengths.sum(1, dtype=np.int64), out=self._offsets[1:])
+        np.cumsum(lengths.sum(1, dtype=np.int64), out=self._offsets[1:])
         self._values = self._interleaved([f.values for f in feats], feats, feats[0].values.dtype)
         self._weighted = [f.weights is not None for f in feats]
         self._weights: np.ndarray | None = None

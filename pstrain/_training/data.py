@@ -49,7 +49,6 @@ from .elements import (
     leaves_len,
     padded,
     ragged,
-    row_source,
     rows_of,
     sparse,
     stack,
@@ -260,9 +259,9 @@ class Dataset:
         ``batch`` joins the bags (variable-length features batch, shuffle and shard as the
         arrays beside them). A 2-D ``SparseTensor`` or a ``RaggedTensor`` (pstrain's or
         TF's) is sliced as the :class:`~pstrain.JaggedTensor` of its rows."""
-        source = to_arrays(tensors)
+        source = to_arrays(tensors, sliced=True)
         n = leaves_len(source)
-        return Dataset._slices(row_source(source), row_indices.rows(n), n)
+        return Dataset._slices(source, row_indices.rows(n), n)
 
     @staticmethod
     def _slices(source: Any, indices: Blocks, cardinality: int) -> Dataset:

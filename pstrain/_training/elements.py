@@ -24,7 +24,6 @@ __all__ = [
     "leaves_len",
     "padded",
     "ragged",
-    "row_source",
     "rows_of",
     "sparse",
     "stack",
@@ -69,17 +68,23 @@ BAGS: list[Callable[[np.ndarray, np.ndarray], Any]] = []
 SPARSE: list[Callable[[np.ndarray, np.ndarray, np.ndarray], Any]] = []
 
 
-def to_arrays(structure: Any) -> Any:
+def to_arrays(structure: Any, sliced: bool = False) -> Any:
+    """``structure`` with each component an array or a batch of bags; ``sliced`` (what
+    ``from_tensor_slices`` takes rows from): each batch of bags as :data:`ROW_SOURCES` keeps it."""
     if is_jagged(structure):
+        for convert in ROW_SOURCES if sliced else ():
+            converted = convert(structure)
+            if converted is not None:
+                return converted
         return structure
     for convert in COMPONENT_CONVERTERS:
         converted = convert(structure)
         if converted is not None:
             return converted
     if isinstance(structure, dict):
-        return {k: to_arrays(v) for k, v in structure.items()}
+        return {k: to_arrays(v, sliced) for k, v in structure.items()}
     if isinstance(structure, tuple):
-        return tuple(to_arrays(v) for v in structure)
+        return tuple(to_arrays(v, sliced) for v in structure)
     try:
         return np.asarray(structure)
     except ValueError:  # (numpy: "inhomogeneous shape")
@@ -87,21 +92,6 @@ def to_arrays(structure: Any) -> Any:
             "from_tensor_slices: a component's rows differ in length; give it as a "
             "pstrain.JaggedTensor (or a RaggedTensor, pstrain's or TF's), whose rows are bags"
         ) from None
-
-
-def row_source(structure: Any) -> Any:
-    """``structure`` (of :func:`to_arrays`) with each batch of bags in it made the source
-    ``from_tensor_slices`` takes rows from (:data:`ROW_SOURCES`)."""
-    if isinstance(structure, dict):
-        return {k: row_source(v) for k, v in structure.items()}
-    if isinstance(structure, tuple):
-        return tuple(row_source(v) for v in structure)
-    if is_jagged(structure):
-        for convert in ROW_SOURCES:
-            converted = convert(structure)
-            if converted is not None:
-                return converted
-    return structure
 
 
 def take(structure: Any, index: Any) -> Any:
