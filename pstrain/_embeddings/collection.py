@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 
 from .._base.context import must_await
-from .._base.errors import InvalidArgumentError
+from .._base.errors import InvalidArgumentError, ProtocolError
 from .._base.exports import expose
-from .._formats.messages.operations import LookupTables, RowRead, SparseRead
+from .._formats.messages.operations import LookupTables, PackedRows, RowRead, SparseRead
 from .._kernels.batches import take_rows
 from .._training.module import Module
 from .._training.optimizers import apply_together
@@ -265,15 +265,19 @@ class EmbeddingCollection(Module):
                 for y in ([("table", *x) for x in tables.resplit(it[1:])] if it[0] == "table" else [it])
             ]
 
+        def ids_of(it: tuple[Any, ...]) -> np.ndarray:
+            return compact_ids(per_table[it[1]][0][it[3] : it[4]] - it[5])
+
         async def fetch(channel: Any, group: list[tuple[Any, ...]]) -> None:
-            reads = [
-                RowRead(name=it[2].key, indices=compact_ids(per_table[it[1]][0][it[3] : it[4]] - it[5]))
-                if it[0] == "rows"
-                else RowRead(name=it[2].key)
-                for it in group
-                if it[0] != "table"
-            ]
             looked = [it[1:] for it in group if it[0] == "table"]
+            # the rows of the table parts alike (the most of them) go packed, unless with
+            # dynamic tables' lookups (dyn/lookup_many takes reads one by one)
+            packed = [] if looked else _alike([it for it in group if it[0] == "rows"])
+            chosen = {id(it) for it in packed}
+            one_by_one = [it for it in group if it[0] != "table" and id(it) not in chosen]
+            reads = [
+                RowRead(name=it[2].key, indices=ids_of(it) if it[0] == "rows" else None) for it in one_by_one
+            ]
             if looked:
                 ps = looked[0][1]
                 entries, merged = await tables.entries(ps, looked)
@@ -286,8 +290,20 @@ class EmbeddingCollection(Module):
                 tables.put(merged, reply.values[: len(entries)])
                 got = reply.values[len(entries) :]
             else:
-                got = (await channel.request(SparseRead(reads=reads))).values
-            for it, value in zip([it for it in group if it[0] != "table"], got):
+                rows_packed = _packed_reads(packed, ids_of) if packed else None
+                got = (await channel.request(SparseRead(reads=reads or None, packed=rows_packed))).values
+            if packed:
+                total = sum(it[4] - it[3] for it in packed)
+                rows_read, start = np.asarray(got[-1]) if got else np.zeros(0), 0
+                if len(got) != len(reads) + 1 or rows_read.shape[:1] != (total,):
+                    raise ProtocolError(
+                        f"malformed reply to vars/sparse_read from {channel.task}: {len(got)} values "
+                        f"for {len(reads)} reads and {total} packed rows"
+                    )
+                for it in packed:
+                    self._put(it, rows, values, rows_read[start : start + it[4] - it[3]])
+                    start += it[4] - it[3]
+            for it, value in zip(one_by_one, got):
                 self._put(it, rows, values, value)
 
         if work:
@@ -336,6 +352,27 @@ class EmbeddingCollection(Module):
                 )
             groups.setdefault(id(opt), (opt, []))[1].append(pair)
         await apply_together(list(groups.values()))
+
+
+def _alike(items: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """The most of ``items`` (reads of table parts' rows) whose parts share a dtype and a row
+    shape, if two or more: their rows can travel as one array."""
+    if len(items) < 2:
+        return []
+    kinds: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
+    for it in items:
+        kinds.setdefault((it[2].dtype, it[2].shape[1:]), []).append(it)
+    most = max(kinds.values(), key=len)
+    return most if len(most) > 1 else []
+
+
+def _packed_reads(items: list[tuple[Any, ...]], ids_of: Any) -> PackedRows:
+    ids = [ids_of(it) for it in items]
+    return PackedRows(
+        names=[it[2].key for it in items],
+        counts=np.array([i.size for i in ids], np.int64),
+        rows=np.concatenate(ids),
+    )
 
 
 def _parts(table: Variable | ShardedVariable) -> tuple[list[Variable], np.ndarray]:

@@ -298,7 +298,7 @@ class ServerCore:
         started: float,
     ) -> Reply | Coroutine[Any, Any, Reply]:
         try:
-            payload = validate(op, handler.request, decoded)
+            payload = validate(op, handler.request, decoded).received()
             if handler.stream:
                 result = handler.fn(payload, self._encoding_emitter(handler, emit))
             else:

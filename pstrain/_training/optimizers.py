@@ -34,7 +34,14 @@ from .._base.context import must_await
 from .._base.errors import InvalidArgumentError, ProtocolError
 from .._base.exports import expose
 from .._base.tags import one_operation
-from .._formats.messages.operations import MORE_GRADS, MORE_STEPS, MORE_TABLES, ApplyGradients, OptimizerStep
+from .._formats.messages.operations import (
+    MORE_GRADS,
+    MORE_STEPS,
+    MORE_TABLES,
+    ApplyGradients,
+    OptimizerStep,
+    PackedRows,
+)
 from .._formats.messages.records import OptimizerRule
 from .._formats.numerics import schedules
 from .._formats.numerics.optimizer_rules import slot_specs
@@ -364,17 +371,42 @@ def _step(opt: Optimizer, rule: OptimizerRule, part: list[Item], step: int | Non
     """The fields of optimizer ``opt``'s step in a request, from its items ``part``."""
     kinds = {kind for kind, *_ in part}
     mirror = opt.iterations_mirror
+    # grads and tables as lists, not tuples: a list packs flat (a tuple is an ext)
+    grads, packed = _packed([entry for kind, _, entry, _ in part if kind == "grad"])
     return {
         "rule": rule,
         "prefix": opt.name,
         "unique_rows": True,
-        # grads and tables as lists, not tuples: a list packs flat (a tuple is an ext)
-        "grads": [entry for kind, _, entry, _ in part if kind == "grad"],
+        "grads": grads,
+        "packed": packed,
         "tables": [entry for kind, _, entry, _ in part if kind == "table"] or None,
         "iterations": opt.iterations.key if "count" in kinds else None,
         "t": step,
         "mirror": mirror.key if "mirror" in kinds and mirror is not None else None,
     }
+
+
+def _packed(grads: list[list[Any]]) -> tuple[list[list[Any]], PackedRows | None]:
+    """``grads`` with the most sparse gradients of one dtype and row shape (two or more)
+    taken out as one :class:`PackedRows`: a collection's table parts on a ps travel as two
+    arrays. Only when every variable is named once (packed gradients are applied after the
+    others: the order of one variable's two gradients would change)."""
+    kinds: dict[tuple[Any, ...], list[list[Any]]] = {}
+    for entry in grads:
+        rows, values = entry[1], entry[2]
+        if rows is not None and rows.ndim == 1 and values.ndim >= 1 and values.shape[0] == rows.shape[0]:
+            kinds.setdefault((values.dtype, values.shape[1:]), []).append(entry)
+    most = max(kinds.values(), key=len, default=[])
+    if len(most) < 2 or len({entry[0] for entry in grads}) != len(grads):
+        return grads, None
+    chosen = {id(entry) for entry in most}
+    packed = PackedRows(
+        names=[entry[0] for entry in most],
+        counts=np.array([entry[1].shape[0] for entry in most], np.int64),
+        rows=np.concatenate([entry[1] for entry in most]),
+        values=np.concatenate([entry[2] for entry in most]),
+    )
+    return [entry for entry in grads if id(entry) not in chosen], packed
 
 
 def _step_counter(placement: Any, name: str, needs_step: bool) -> Variable:

@@ -18,7 +18,9 @@ import enum
 from typing import Annotated, Any, ClassVar, Literal, Union
 
 import msgspec
+import numpy as np
 
+from ..._base.errors import InvalidArgumentError
 from .records import (
     Array,
     AsOf,
@@ -230,13 +232,61 @@ class RowRead(Record):
     indices: Array | None = None
 
 
+class PackedRows(Record, array_like=True):
+    """Rows of several variables in one array (and their values in another), so that a
+    collection's step sends a ps two or three arrays, not one or two for each table part
+    there: variable ``names[i]`` has the next ``counts[i]`` of ``rows`` (and of ``values``).
+    Each array costs both ends as much to encode and decode as a small one's bytes do."""
+
+    names: Annotated[list[Name], msgspec.Meta(min_length=1, max_length=1 << 16)]
+    counts: Array
+    rows: Array
+    values: Array | None = None
+
+    def entries(self, what: str) -> list[tuple[str, np.ndarray, np.ndarray | None]]:
+        """``(name, rows, values)`` for each variable, views of the arrays (rows as int64,
+        as the ps's kernels take them), or InvalidArgumentError naming ``what``."""
+        counts, rows, values = self.counts, self.rows, self.values
+        if counts.ndim != 1 or counts.dtype.kind not in "iu" or counts.size != len(self.names):
+            raise InvalidArgumentError(
+                f"{what}: packed rows need one integer count for each of the {len(self.names)} "
+                f"names, got {counts.dtype} {list(counts.shape)}"
+            )
+        if rows.ndim != 1 or rows.dtype.kind not in "iu":
+            raise InvalidArgumentError(
+                f"{what}: packed rows must be 1-D integers, got {rows.dtype} {list(rows.shape)}"
+            )
+        if int(counts.min()) < 0:  # (one count a name, and a name at least)
+            raise InvalidArgumentError(f"{what}: packed rows have a negative count")
+        ends = np.cumsum(counts, dtype=np.int64)
+        if int(ends[-1]) != rows.shape[0]:
+            raise InvalidArgumentError(
+                f"{what}: the packed counts add up to {int(ends[-1])}, not {rows.shape[0]} rows"
+            )
+        if values is not None and (values.ndim < 1 or values.shape[0] != rows.shape[0]):
+            raise InvalidArgumentError(
+                f"{what}: packed values of shape {list(values.shape)} for {rows.shape[0]} rows"
+            )
+        # (an id past int64 becomes negative: out of range, as a variable's own rows are)
+        rows = np.ascontiguousarray(rows, np.int64)
+        out: list[tuple[str, np.ndarray, np.ndarray | None]] = []
+        start = 0
+        for name, end in zip(self.names, ends.tolist()):
+            out.append((name, rows[start:end], None if values is None else values[start:end]))
+            start = end
+        return out
+
+
 class SparseRead(Operation[ValuesReply], tag="vars/sparse_read"):
-    """Either ``{"reads": [{name, indices}, ...]}`` or one ``{name, indices}``."""
+    """Either ``{"reads": [{name, indices}, ...]}`` or one ``{name, indices}``; with
+    ``packed``, rows of more variables (ids unique per variable), whose rows come back as one
+    array after the values of ``reads`` (the variables' dtypes and row shapes must agree)."""
 
     reads: Annotated[list[RowRead], msgspec.Meta(max_length=1 << 16)] | None = None
     name: Name | None = None
     indices: Array | None = None
     as_of: AsOf | None = None
+    packed: PackedRows | None = None
 
 
 class CallVariables(Mutation[CallReply], tag="vars/call"):
@@ -279,6 +329,7 @@ class OptimizerStep(Record):
     iterations: Name | None = None
     t: Step | None = None
     mirror: Name | None = None
+    packed: PackedRows | None = None
 
 
 class ApplyGradients(Mutation[StepReply], tag="opt/apply"):
@@ -298,6 +349,25 @@ class ApplyGradients(Mutation[StepReply], tag="opt/apply"):
     #: other optimizers' steps, each applied after the one before (the reply's ``more``
     #: gives their steps, in this order)
     more: Annotated[list[OptimizerStep], msgspec.Meta(max_length=MORE_STEPS)] | None = None
+    #: more sparse gradients (rows unique per variable, names not in ``grads``), applied
+    #: after ``grads``: one pair of arrays for every table part of a collection on the ps
+    packed: PackedRows | None = None
+
+    def received(self) -> ApplyGradients:
+        """Each step's ``packed`` gradients as entries of its ``grads`` (views): what the
+        ps's handlers, its exactly-once records and its moves read."""
+        for step in self.steps():
+            if step.packed is not None:
+                if step.packed.values is None:
+                    raise InvalidArgumentError("opt/apply: packed gradients need their values")
+                if step is not self and len(step.grads) + len(step.packed.names) > MORE_GRADS:
+                    raise InvalidArgumentError(
+                        f"opt/apply: a step in 'more' names at most {MORE_GRADS} variables, "
+                        "packed ones included"
+                    )
+                step.grads = [*step.grads, *step.packed.entries("opt/apply")]  # type: ignore[list-item]
+                step.packed = None
+        return self
 
     def steps(self) -> list[ApplyGradients | OptimizerStep]:
         """This request's optimizer steps: its own, then ``more``'s."""

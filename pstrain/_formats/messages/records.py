@@ -111,6 +111,12 @@ class Operation(Record, Generic[R], tag_field="op", kw_only=True):
         assert isinstance(tag, str), f"{cls.__name__} is not an operation (no tag)"
         return tag
 
+    def received(self) -> Any:
+        """This request as its handler takes it, once decoded and checked where it arrived
+        (an ``opt/apply``'s packed gradients become entries of its ``grads``); raises
+        InvalidArgumentError for what the declared types cannot say."""
+        return self
+
 
 class Owned(Operation[R], kw_only=True):
     """An operation that names the coordinator incarnation it works for (a move's steps, a

@@ -445,16 +445,29 @@ class ParameterServer(ServerBase):
 
     def sparse_read(self, req: SparseRead) -> ValuesReply | Pinned[ValuesReply]:
         """Rows of variables (copied), and whole variables (``indices`` None; pinned, not
-        copied): one request reads a step's rows of every table and its dense variables."""
-        if req.reads is not None:
+        copied): one request reads a step's rows of every table and its dense variables.
+        The rows of ``packed`` come back as one array, after the values of ``reads``."""
+        op = "vars/sparse_read"
+        if req.reads is not None or req.packed is not None:
             if req.name is not None or req.indices is not None:
-                raise InvalidArgumentError("vars/sparse_read: give 'reads', or 'name' and 'indices'")
-            reads: list[tuple[str, np.ndarray | None]] = [(r.name, r.indices) for r in req.reads]
+                raise InvalidArgumentError(f"{op}: give 'reads' (or 'packed'), or 'name' and 'indices'")
+            reads: list[tuple[str, np.ndarray | None]] = [(r.name, r.indices) for r in req.reads or ()]
         elif req.name is not None and req.indices is not None:
             reads = [(req.name, req.indices)]
         else:
-            raise InvalidArgumentError("vars/sparse_read: give 'reads', or 'name' and 'indices'")
-        return self._reads(self._plan_reads(reads, "vars/sparse_read"), [], req.as_of)
+            raise InvalidArgumentError(f"{op}: give 'reads' (or 'packed'), or 'name' and 'indices'")
+        packed: list[tuple[str, np.ndarray | None]] = (
+            [(name, rows) for name, rows, _ in req.packed.entries(op)] if req.packed is not None else []
+        )
+        planned = self._plan_reads(reads + packed, op)
+        if packed:
+            rows = {(record.array.dtype, record.array.shape[1:]) for record, _ in planned[len(reads) :]}
+            if len(rows) != 1:
+                raise InvalidArgumentError(
+                    f"{op}: packed rows are read into one array: their variables' dtypes and row "
+                    f"shapes must agree (got {sorted((str(d), list(s)) for d, s in rows)})"
+                )
+        return self._reads(planned, [], req.as_of, packed=len(packed))
 
     def _check_lookup_tables(self, req: LookupTables) -> None:
         """What :meth:`lookup_tables` refuses whatever the rows (a tiered ps asks first)."""
@@ -504,18 +517,41 @@ class ParameterServer(ServerBase):
         return planned
 
     def _reads(
-        self, planned: list[tuple[VariableRecord, np.ndarray | None]], first: list[Any], as_of: Any
+        self,
+        planned: list[tuple[VariableRecord, np.ndarray | None]],
+        first: list[Any],
+        as_of: Any,
+        packed: int = 0,
     ) -> ValuesReply | Pinned[ValuesReply]:
         """The reply: ``first`` (values already made), then ``planned``'s reads: rows copied,
-        whole variables pinned until the reply is sent."""
-        values = [record.array if idx is None else take_rows(record.array, idx) for record, idx in planned]
+        whole variables pinned until the reply is sent; the rows of the last ``packed``
+        reads (of one dtype and row shape) gathered into one array."""
+        cut = len(planned) - packed
+        values = [
+            record.array if idx is None else take_rows(record.array, idx) for record, idx in planned[:cut]
+        ]
+        views: list[np.ndarray] = []
+        if packed:
+            like = planned[cut][0].array
+            sizes = [idx.shape[0] for _, idx in planned[cut:]]  # type: ignore[union-attr]
+            rows = np.empty((sum(sizes), *like.shape[1:]), like.dtype)
+            start = 0
+            for (record, idx), size in zip(planned[cut:], sizes):
+                views.append(take_rows(record.array, idx, out=rows[start : start + size]))  # type: ignore[arg-type]
+                start += size
+            values.append(rows)
         if as_of is not None:  # a read of an exactly-once closure (a rerun's, maybe)
-            values = [
+            values[:cut] = [
                 self.before_images.whole(record.name, as_of, v)
                 if idx is None
                 else self.before_images.rows(record.name, as_of, idx, v)
-                for (record, idx), v in zip(planned, values)
+                for (record, idx), v in zip(planned[:cut], values[:cut])
             ]
+            for (record, idx), view in zip(planned[cut:], views):
+                assert idx is not None  # (packed reads are of rows)
+                before = self.before_images.rows(record.name, as_of, idx, view)
+                if before is not view:
+                    view[...] = before
         if all(idx is not None for _, idx in planned):
             return ValuesReply(values=first + values)
         releases = [record.pin() for record, idx in planned if idx is None]
