@@ -32,7 +32,7 @@ import numpy as np
 from .._base.context import must_await
 from .._base.errors import InvalidArgumentError, ProtocolError
 from .._base.exports import expose
-from .._formats.messages.operations import LookupTables, PackedRows, RowRead, SparseRead
+from .._formats.messages.operations import LookupTables, PackedRows, RowRead, SparseRead, most_alike
 from .._kernels.batches import take_rows
 from .._training.module import Module
 from .._training.optimizers import apply_together
@@ -272,7 +272,8 @@ class EmbeddingCollection(Module):
             looked = [it[1:] for it in group if it[0] == "table"]
             # the rows of the table parts alike (the most of them) go packed, unless with
             # dynamic tables' lookups (dyn/lookup_many takes reads one by one)
-            packed = [] if looked else _alike([it for it in group if it[0] == "rows"])
+            rows_of_parts = [it for it in group if it[0] == "rows"]
+            packed = [] if looked else most_alike(rows_of_parts, lambda it: (it[2].dtype, it[2].shape[1:]))
             chosen = {id(it) for it in packed}
             one_by_one = [it for it in group if it[0] != "table" and id(it) not in chosen]
             reads = [
@@ -352,18 +353,6 @@ class EmbeddingCollection(Module):
                 )
             groups.setdefault(id(opt), (opt, []))[1].append(pair)
         await apply_together(list(groups.values()))
-
-
-def _alike(items: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-    """The most of ``items`` (reads of table parts' rows) whose parts share a dtype and a row
-    shape, if two or more: their rows can travel as one array."""
-    if len(items) < 2:
-        return []
-    kinds: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
-    for it in items:
-        kinds.setdefault((it[2].dtype, it[2].shape[1:]), []).append(it)
-    most = max(kinds.values(), key=len)
-    return most if len(most) > 1 else []
 
 
 def _packed_reads(items: list[tuple[Any, ...]], ids_of: Any) -> PackedRows:

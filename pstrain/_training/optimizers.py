@@ -41,6 +41,7 @@ from .._formats.messages.operations import (
     ApplyGradients,
     OptimizerStep,
     PackedRows,
+    most_alike,
 )
 from .._formats.messages.records import OptimizerRule
 from .._formats.numerics import schedules
@@ -391,13 +392,16 @@ def _packed(grads: list[list[Any]]) -> tuple[list[list[Any]], PackedRows | None]
     taken out as one :class:`PackedRows`: a collection's table parts on a ps travel as two
     arrays. Only when every variable is named once (packed gradients are applied after the
     others: the order of one variable's two gradients would change)."""
-    kinds: dict[tuple[Any, ...], list[list[Any]]] = {}
-    for entry in grads:
-        rows, values = entry[1], entry[2]
-        if rows is not None and rows.ndim == 1 and values.ndim >= 1 and values.shape[0] == rows.shape[0]:
-            kinds.setdefault((values.dtype, values.shape[1:]), []).append(entry)
-    most = max(kinds.values(), key=len, default=[])
-    if len(most) < 2 or len({entry[0] for entry in grads}) != len(grads):
+    sparse = [
+        entry
+        for entry in grads
+        if entry[1] is not None
+        and entry[1].ndim == 1
+        and entry[2].ndim >= 1
+        and entry[2].shape[0] == entry[1].shape[0]
+    ]
+    most = most_alike(sparse, lambda entry: (entry[2].dtype, entry[2].shape[1:]))
+    if not most or len({entry[0] for entry in grads}) != len(grads):
         return grads, None
     chosen = {id(entry) for entry in most}
     packed = PackedRows(

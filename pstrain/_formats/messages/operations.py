@@ -15,7 +15,8 @@ Adding an operation: declare its class here, and route it to a handler.
 from __future__ import annotations
 
 import enum
-from typing import Annotated, Any, ClassVar, Literal, Union
+from collections.abc import Callable, Hashable
+from typing import Annotated, Any, ClassVar, Literal, TypeVar, Union
 
 import msgspec
 import numpy as np
@@ -56,6 +57,8 @@ from .records import (
     UpdatedReply,
     ValuesReply,
 )
+
+T = TypeVar("T")
 
 __all__ = [
     "CREATE_CHUNK_BYTES",
@@ -275,6 +278,16 @@ class PackedRows(Record, array_like=True):
             out.append((name, rows[start:end], None if values is None else values[start:end]))
             start = end
         return out
+
+
+def most_alike(items: list[T], kind: Callable[[T], Hashable]) -> list[T]:
+    """The most of ``items`` of one ``kind`` (a dtype and a row shape), if two or more: those
+    that travel as one :class:`PackedRows`; else none."""
+    kinds: dict[Hashable, list[T]] = {}
+    for item in items:
+        kinds.setdefault(kind(item), []).append(item)
+    most = max(kinds.values(), key=len, default=[])
+    return most if len(most) > 1 else []
 
 
 class SparseRead(Operation[ValuesReply], tag="vars/sparse_read"):
