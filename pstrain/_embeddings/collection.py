@@ -291,7 +291,9 @@ class EmbeddingCollection(Module):
                 tables.put(merged, reply.values[: len(entries)])
                 got = reply.values[len(entries) :]
             else:
-                rows_packed = _packed_reads(packed, ids_of) if packed else None
+                rows_packed = (
+                    PackedRows.of([(it[2].key, ids_of(it), None) for it in packed]) if packed else None
+                )
                 got = (await channel.request(SparseRead(reads=reads or None, packed=rows_packed))).values
             if packed:
                 total = sum(it[4] - it[3] for it in packed)
@@ -353,15 +355,6 @@ class EmbeddingCollection(Module):
                 )
             groups.setdefault(id(opt), (opt, []))[1].append(pair)
         await apply_together(list(groups.values()))
-
-
-def _packed_reads(items: list[tuple[Any, ...]], ids_of: Any) -> PackedRows:
-    ids = [ids_of(it) for it in items]
-    return PackedRows(
-        names=[it[2].key for it in items],
-        counts=np.array([i.size for i in ids], np.int64),
-        rows=np.concatenate(ids),
-    )
 
 
 def _parts(table: Variable | ShardedVariable) -> tuple[list[Variable], np.ndarray]:

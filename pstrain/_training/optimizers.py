@@ -404,13 +404,7 @@ def _packed(grads: list[list[Any]]) -> tuple[list[list[Any]], PackedRows | None]
     if not most or len({entry[0] for entry in grads}) != len(grads):
         return grads, None
     chosen = {id(entry) for entry in most}
-    packed = PackedRows(
-        names=[entry[0] for entry in most],
-        counts=np.array([entry[1].shape[0] for entry in most], np.int64),
-        rows=np.concatenate([entry[1] for entry in most]),
-        values=np.concatenate([entry[2] for entry in most]),
-    )
-    return [entry for entry in grads if id(entry) not in chosen], packed
+    return [entry for entry in grads if id(entry) not in chosen], PackedRows.of(most)
 
 
 def _step_counter(placement: Any, name: str, needs_step: bool) -> Variable:

@@ -246,6 +246,16 @@ class PackedRows(Record, array_like=True):
     rows: Array
     values: Array | None = None
 
+    @classmethod
+    def of(cls, entries: list[Any]) -> PackedRows:
+        """``[(name, rows, values or None), ...]`` packed (what :meth:`entries` gives back)."""
+        return cls(
+            names=[e[0] for e in entries],
+            counts=np.array([e[1].shape[0] for e in entries], np.int64),
+            rows=np.concatenate([e[1] for e in entries]),
+            values=None if entries[0][2] is None else np.concatenate([e[2] for e in entries]),
+        )
+
     def entries(self, what: str) -> list[tuple[str, np.ndarray, np.ndarray | None]]:
         """``(name, rows, values)`` for each variable, views of the arrays (rows as int64,
         as the ps's kernels take them), or InvalidArgumentError naming ``what``."""
